@@ -1,0 +1,170 @@
+// Package checkpoint computes which WAL position may be confirmed to PostgreSQL.
+//
+// It is pure logic with no I/O: the replication stream tells it where transactions begin and commit,
+// the router tells it when records are acknowledged by Kafka, and it answers with the watermark — the
+// highest commit end LSN such that every record of that transaction and of every earlier one has been
+// acknowledged. The slot is never confirmed past the watermark.
+package checkpoint
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// LSN is a PostgreSQL WAL position.
+type LSN uint64
+
+// String formats the LSN the way PostgreSQL does (for example 16/B374D848).
+func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
+
+// Tx is one transaction as seen by the tracker. It is created by Tracker.Begin and must only be
+// used with the tracker that created it.
+type Tx struct {
+	seq        uint64
+	commitTime time.Time
+	pending    int  // records handed to Kafka and not yet acknowledged
+	committed  bool // the Commit message has been received
+	endLSN     LSN
+}
+
+// CommitTime is the commit timestamp announced by the transaction's Begin message.
+func (t *Tx) CommitTime() time.Time { return t.commitTime }
+
+// Tracker is the ack watermark. It is safe for concurrent use: the replication stream calls Begin,
+// Add and Commit from one goroutine, the Kafka producer calls Ack from its promise goroutine.
+type Tracker struct {
+	mu        sync.Mutex
+	queue     []*Tx // transactions not yet folded into the watermark, in commit order
+	nextSeq   uint64
+	watermark LSN
+	pending   int // records not yet acknowledged, over all transactions
+}
+
+// NewTracker returns a tracker whose watermark starts at start, normally the slot's
+// confirmed_flush_lsn.
+func NewTracker(start LSN) *Tracker {
+	return &Tracker{watermark: start}
+}
+
+// Begin registers a new transaction. Transactions must be begun in commit order, which is the order
+// pgoutput sends them in when streaming is off.
+func (t *Tracker) Begin(commitTime time.Time) *Tx {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nextSeq++
+	tx := &Tx{seq: t.nextSeq, commitTime: commitTime}
+	t.queue = append(t.queue, tx)
+	return tx
+}
+
+// Add records that one more record of tx has been handed to Kafka. Call it before producing.
+func (t *Tracker) Add(tx *Tx) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tx.committed && tx.pending == 0 {
+		panic("checkpoint: Add after the transaction was committed and fully acknowledged")
+	}
+	tx.pending++
+	t.pending++
+}
+
+// Ack records that one record of tx has been acknowledged (written to its topic or to the
+// dead-letter topic). It returns true when the watermark moved.
+func (t *Tracker) Ack(tx *Tx) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tx.pending <= 0 {
+		panic("checkpoint: Ack without a matching Add")
+	}
+	tx.pending--
+	t.pending--
+	return t.advance()
+}
+
+// Commit records the end LSN of tx (CommitMessage.TransactionEndLSN). It returns true when the
+// watermark moved.
+func (t *Tracker) Commit(tx *Tx, endLSN LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tx.committed = true
+	tx.endLSN = endLSN
+	return t.advance()
+}
+
+// advance folds fully acknowledged, committed transactions at the head of the queue into the
+// watermark. Callers hold mu.
+func (t *Tracker) advance() bool {
+	moved := false
+	i := 0
+	for ; i < len(t.queue); i++ {
+		head := t.queue[i]
+		if !head.committed || head.pending > 0 {
+			break
+		}
+		if head.endLSN > t.watermark {
+			t.watermark = head.endLSN
+			moved = true
+		}
+	}
+	if i > 0 {
+		// Drop the folded transactions without keeping the backing array's prefix alive forever.
+		n := copy(t.queue, t.queue[i:])
+		for j := n; j < len(t.queue); j++ {
+			t.queue[j] = nil
+		}
+		t.queue = t.queue[:n]
+	}
+	return moved
+}
+
+// Watermark returns the LSN that may be confirmed to PostgreSQL.
+func (t *Tracker) Watermark() LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark
+}
+
+// Idle reports whether nothing is in flight and no transaction is half-received.
+func (t *Tracker) Idle() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queue) == 0
+}
+
+// AdvanceIdle moves the watermark to lsn (normally a keepalive's server WAL end) if the tracker is
+// idle and lsn is ahead. This is what keeps an idle outbox from pinning WAL while other tables are
+// busy. It returns true when the watermark moved.
+func (t *Tracker) AdvanceIdle(lsn LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.queue) != 0 || lsn <= t.watermark {
+		return false
+	}
+	t.watermark = lsn
+	return true
+}
+
+// Stats is a snapshot of the tracker's state, for metrics and logs.
+type Stats struct {
+	// Watermark is the LSN that may be confirmed.
+	Watermark LSN
+	// PendingRecords counts records handed to Kafka and not yet acknowledged.
+	PendingRecords int
+	// OpenTransactions counts transactions not yet folded into the watermark.
+	OpenTransactions int
+	// OldestCommitTime is the commit time of the oldest transaction not yet folded into the
+	// watermark; zero when idle.
+	OldestCommitTime time.Time
+}
+
+// Stats returns a consistent snapshot of the tracker.
+func (t *Tracker) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Stats{Watermark: t.watermark, PendingRecords: t.pending, OpenTransactions: len(t.queue)}
+	if len(t.queue) > 0 {
+		s.OldestCommitTime = t.queue[0].commitTime
+	}
+	return s
+}

@@ -1,0 +1,154 @@
+package checkpoint
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// record is one produced record of a simulated transaction.
+type record struct {
+	tx    int
+	acked bool
+}
+
+// TestWatermarkNeverPassesUnacknowledged drives the tracker with random transaction sizes, random
+// interleavings of commits and acks, and random ack orders, and checks after every step that the
+// watermark never reaches the end LSN of a transaction that still has an unacknowledged record or
+// has not committed, and that it ends at the last commit once everything is acknowledged.
+func TestWatermarkNeverPassesUnacknowledged(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*7919))
+		start := LSN(1000)
+		tr := NewTracker(start)
+
+		nTx := 1 + rng.IntN(40)
+		txs := make([]*Tx, nTx)
+		ends := make([]LSN, nTx)
+		committed := make([]bool, nTx)
+		var records []*record
+		lsn := start
+		for i := range txs {
+			txs[i] = tr.Begin(time.Unix(int64(i), 0))
+			rows := rng.IntN(6) // zero-row transactions happen (deletes only, filtered rows)
+			for r := 0; r < rows; r++ {
+				tr.Add(txs[i])
+				records = append(records, &record{tx: i})
+			}
+			// Several transactions may share nothing but order; end LSNs strictly increase.
+			lsn += LSN(1 + rng.IntN(100))
+			ends[i] = lsn
+		}
+
+		check := func(step string) {
+			wm := tr.Watermark()
+			for i := range txs {
+				unsafe := !committed[i]
+				for _, r := range records {
+					if r.tx == i && !r.acked {
+						unsafe = true
+					}
+				}
+				if unsafe && wm >= ends[i] {
+					t.Fatalf("seed %d, %s: watermark %s reached end %s of tx %d which is not fully acknowledged", seed, step, wm, ends[i], i)
+				}
+			}
+		}
+
+		// Commits arrive in order; acks in random order, interleaved with commits.
+		nextCommit := 0
+		order := rng.Perm(len(records))
+		for _, idx := range order {
+			for nextCommit < nTx && rng.IntN(2) == 0 {
+				tr.Commit(txs[nextCommit], ends[nextCommit])
+				committed[nextCommit] = true
+				nextCommit++
+				check("commit")
+			}
+			records[idx].acked = true
+			tr.Ack(txs[records[idx].tx])
+			check("ack")
+		}
+		for ; nextCommit < nTx; nextCommit++ {
+			tr.Commit(txs[nextCommit], ends[nextCommit])
+			committed[nextCommit] = true
+			check("final commit")
+		}
+		if got, want := tr.Watermark(), ends[nTx-1]; got != want {
+			t.Fatalf("seed %d: final watermark %s, want %s", seed, got, want)
+		}
+		if !tr.Idle() {
+			t.Fatalf("seed %d: tracker not idle after everything was acknowledged", seed)
+		}
+	}
+}
+
+func TestAdvanceIdleOnlyWhenNothingInFlight(t *testing.T) {
+	tests := []struct {
+		name      string
+		setup     func(tr *Tracker)
+		keepalive LSN
+		want      LSN
+	}{
+		{"idle moves to keepalive", func(*Tracker) {}, 500, 500},
+		{"never moves backwards", func(*Tracker) {}, 50, 100},
+		{"half-received transaction pins", func(tr *Tracker) { tr.Begin(time.Time{}) }, 500, 100},
+		{"unacknowledged record pins", func(tr *Tracker) {
+			tx := tr.Begin(time.Time{})
+			tr.Add(tx)
+			tr.Commit(tx, 200)
+		}, 500, 100},
+		{"acknowledged transaction then idle", func(tr *Tracker) {
+			tx := tr.Begin(time.Time{})
+			tr.Add(tx)
+			tr.Commit(tx, 200)
+			tr.Ack(tx)
+		}, 500, 500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTracker(100)
+			tt.setup(tr)
+			tr.AdvanceIdle(tt.keepalive)
+			if got := tr.Watermark(); got != tt.want {
+				t.Fatalf("watermark %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStats(t *testing.T) {
+	tr := NewTracker(10)
+	ct := time.Unix(1700000000, 0)
+	tx := tr.Begin(ct)
+	tr.Add(tx)
+	tr.Add(tx)
+	s := tr.Stats()
+	if s.PendingRecords != 2 || s.OpenTransactions != 1 || !s.OldestCommitTime.Equal(ct) || s.Watermark != 10 {
+		t.Fatalf("unexpected stats %+v", s)
+	}
+	tr.Commit(tx, 20)
+	tr.Ack(tx)
+	if moved := tr.Ack(tx); !moved {
+		t.Fatal("last ack did not report the watermark moving")
+	}
+	if s := tr.Stats(); s.PendingRecords != 0 || s.OpenTransactions != 0 || !s.OldestCommitTime.IsZero() || s.Watermark != 20 {
+		t.Fatalf("unexpected stats after acks %+v", s)
+	}
+}
+
+func TestLSNString(t *testing.T) {
+	if got := LSN(0x16B374D848).String(); got != "16/B374D848" {
+		t.Fatalf("got %s", got)
+	}
+}
+
+func BenchmarkTrackerRoundTrip(b *testing.B) {
+	tr := NewTracker(0)
+	for i := 0; i < b.N; i++ {
+		tx := tr.Begin(time.Time{})
+		tr.Add(tx)
+		tr.Commit(tx, LSN(i+1))
+		tr.Ack(tx)
+	}
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+func newRunCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Stream the outbox to Kafka until stopped",
+		Long: `run streams committed inserts into the outbox table to Kafka until SIGINT or SIGTERM.
+
+It creates the publication and the replication slot when they are missing (postgres.create_publication,
+postgres.create_slot), and missing topics (kafka.create_topics). While another instance streams from
+the slot it waits as a hot standby and takes over when the slot frees. Lost connections and final
+Kafka errors are retried from the slot with exponential backoff; the slot never moves past a record
+Kafka has not acknowledged. On SIGINT/SIGTERM it stops reading, waits up to shutdown_timeout for
+in-flight acknowledgements, confirms them and exits 0.
+
+Environment variables:
+` + config.EnvReference(),
+		Example: `  # Local services from "make up":
+  outbox-cdc run --postgres postgres://outbox:outbox@127.0.0.1:55432/outbox --brokers 127.0.0.1:59092
+
+  # Route every event of an aggregate type to one topic, with a dead-letter topic:
+  outbox-cdc run --config outbox-cdc.yaml --topic 'outbox.{aggregate_type}' --dlq-topic outbox.dlq`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log := newLogger(os.Stderr, cfg.Log)
+			p, err := pipeline.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			log.Info("outbox-cdc starting", "version", version, "postgres", config.MaskURL(cfg.Postgres.URL),
+				"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
+			if err := p.Run(cmd.Context()); err != nil {
+				log.Error("outbox-cdc stopped", "error", err.Error())
+				return errExit
+			}
+			return nil
+		},
+	}
+	config.RegisterFlags(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,297 @@
+// Package config holds outbox-cdc's configuration: defaults, the YAML file, OUTBOX_CDC_* environment
+// variables and command-line flags, applied in that order, then validated with errors that name the key.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole configuration of the daemon. The yaml tags are the keys of the config file; the
+// dotted key of a field (for example postgres.slot) is the name used in errors, environment variables
+// and the README's reference.
+type Config struct {
+	Postgres Postgres `yaml:"postgres"`
+	Kafka    Kafka    `yaml:"kafka"`
+	Routing  Routing  `yaml:"routing"`
+	Limits   Limits   `yaml:"limits"`
+	Log      Log      `yaml:"log"`
+	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Postgres configures the source database and the replication slot.
+type Postgres struct {
+	// URL is the connection string (postgres://user:password@host:port/db). The role needs the
+	// REPLICATION attribute.
+	URL string `yaml:"url"`
+	// Table is the outbox table, schema-qualified.
+	Table string `yaml:"table"`
+	// Slot is the logical replication slot's name.
+	Slot string `yaml:"slot"`
+	// Publication is the publication's name.
+	Publication string `yaml:"publication"`
+	// CreateSlot creates the slot when it is missing.
+	CreateSlot bool `yaml:"create_slot"`
+	// CreatePublication creates the publication (FOR TABLE <table> WITH (publish = 'insert')) when missing.
+	CreatePublication bool `yaml:"create_publication"`
+	// Columns names the outbox table's columns.
+	Columns Columns `yaml:"columns"`
+	// StatusInterval is the longest time between two standby status updates.
+	StatusInterval time.Duration `yaml:"status_interval"`
+	// StandbyPollInterval is how often a standby instance retries a slot held by another instance.
+	StandbyPollInterval time.Duration `yaml:"standby_poll_interval"`
+}
+
+// Columns maps the outbox's roles to column names, like Debezium's table.field.event.* options.
+type Columns struct {
+	EventID          string `yaml:"event_id"`
+	EventType        string `yaml:"event_type"`
+	AggregateType    string `yaml:"aggregate_type"`
+	AggregateID      string `yaml:"aggregate_id"`
+	AggregateVersion string `yaml:"aggregate_version"`
+	Payload          string `yaml:"payload"`
+	Headers          string `yaml:"headers"`
+	CreatedAt        string `yaml:"created_at"`
+}
+
+// Kafka configures the producer and topic administration.
+type Kafka struct {
+	// Brokers are the seed brokers, host:port.
+	Brokers []string `yaml:"brokers"`
+	// ClientID is the Kafka client id.
+	ClientID string `yaml:"client_id"`
+	// CreateTopics creates missing topics (with TopicPartitions and TopicReplicationFactor).
+	CreateTopics bool `yaml:"create_topics"`
+	// TopicPartitions is the partition count of created topics.
+	TopicPartitions int32 `yaml:"topic_partitions"`
+	// TopicReplicationFactor is the replication factor of created topics; -1 takes the broker's default.
+	TopicReplicationFactor int16 `yaml:"topic_replication_factor"`
+	// MaxMessageBytes is the largest record the router sends; larger rows go to the dead-letter topic.
+	// Keep it at or below the topics' max.message.bytes.
+	MaxMessageBytes int32 `yaml:"max_message_bytes"`
+	// Linger is how long the producer waits to fill a batch.
+	Linger time.Duration `yaml:"linger"`
+}
+
+// Routing chooses each row's topic.
+type Routing struct {
+	// Topic is the topic template: {column} is replaced by the row's value of that column.
+	Topic string `yaml:"topic"`
+	// Topics maps an event_type to a topic, ahead of the template.
+	Topics map[string]string `yaml:"topics"`
+	// FallbackTopic takes rows whose template cannot be filled (a NULL column) or yields an invalid name.
+	FallbackTopic string `yaml:"fallback_topic"`
+	// DLQTopic receives rows that can never be delivered, with headers giving the reason. Empty: such a
+	// row stops the router with an error instead.
+	DLQTopic string `yaml:"dlq_topic"`
+}
+
+// Limits bound the router's memory.
+type Limits struct {
+	// MaxInFlightRecords caps records handed to Kafka and not yet acknowledged.
+	MaxInFlightRecords int `yaml:"max_inflight_records"`
+	// MaxInFlightBytes caps the bytes of those records.
+	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is auto (text on a terminal, JSON otherwise), text or json.
+	Format string `yaml:"format"`
+}
+
+// Default returns the configuration used where nothing else is said.
+func Default() Config {
+	return Config{
+		Postgres: Postgres{
+			Table:               "public.outbox",
+			Slot:                "outbox_cdc",
+			Publication:         "outbox_cdc",
+			CreateSlot:          true,
+			CreatePublication:   true,
+			StatusInterval:      10 * time.Second,
+			StandbyPollInterval: 2 * time.Second,
+			Columns: Columns{
+				EventID:          "event_id",
+				EventType:        "event_type",
+				AggregateType:    "aggregate_type",
+				AggregateID:      "aggregate_id",
+				AggregateVersion: "aggregate_version",
+				Payload:          "payload",
+				Headers:          "headers",
+				CreatedAt:        "created_at",
+			},
+		},
+		Kafka: Kafka{
+			ClientID:               "outbox-cdc",
+			CreateTopics:           true,
+			TopicPartitions:        3,
+			TopicReplicationFactor: -1,
+			MaxMessageBytes:        1000000,
+			Linger:                 10 * time.Millisecond,
+		},
+		Routing:         Routing{Topic: "{event_type}"},
+		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
+		Log:             Log{Level: "info", Format: "auto"},
+		ShutdownTimeout: 30 * time.Second,
+	}
+}
+
+// LoadFile merges the YAML file at path into c. Unknown keys are errors.
+func (c *Config) LoadFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	return nil
+}
+
+// LoadEnv applies every OUTBOX_CDC_* variable that names a setting; lookup is os.LookupEnv in
+// production and a map in tests.
+func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
+	for _, s := range settings {
+		v, ok := lookup(s.Env)
+		if !ok || v == "" {
+			continue
+		}
+		if err := s.set(c, v); err != nil {
+			return fmt.Errorf("environment variable %s (%s): %w", s.Env, s.Key, err)
+		}
+	}
+	return nil
+}
+
+var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// Validate checks the whole configuration and returns every problem, each naming its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Postgres.URL == "" {
+		bad("postgres.url", "is required (flag --postgres or OUTBOX_CDC_POSTGRES)")
+	} else if u, err := url.Parse(c.Postgres.URL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		bad("postgres.url", "must be a postgres:// URL, got %q", MaskURL(c.Postgres.URL))
+	}
+	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
+		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
+	}
+	identRE := regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	if !identRE.MatchString(c.Postgres.Slot) {
+		bad("postgres.slot", "must be lower-case letters, digits and underscores (at most 63), got %q", c.Postgres.Slot)
+	}
+	if !identRE.MatchString(c.Postgres.Publication) {
+		bad("postgres.publication", "must be lower-case letters, digits and underscores (at most 63), got %q", c.Postgres.Publication)
+	}
+	for key, v := range map[string]string{
+		"postgres.columns.event_id": c.Postgres.Columns.EventID, "postgres.columns.event_type": c.Postgres.Columns.EventType,
+		"postgres.columns.aggregate_id": c.Postgres.Columns.AggregateID, "postgres.columns.payload": c.Postgres.Columns.Payload,
+	} {
+		if v == "" {
+			bad(key, "is required")
+		}
+	}
+	if c.Postgres.StatusInterval < 100*time.Millisecond || c.Postgres.StatusInterval > 50*time.Second {
+		bad("postgres.status_interval", "must be between 100ms and 50s (below wal_sender_timeout), got %s", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.StandbyPollInterval <= 0 {
+		bad("postgres.standby_poll_interval", "must be positive, got %s", c.Postgres.StandbyPollInterval)
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "is required (flag --brokers or OUTBOX_CDC_BROKERS)")
+	}
+	for _, b := range c.Kafka.Brokers {
+		if !strings.Contains(b, ":") {
+			bad("kafka.brokers", "%q must be host:port", b)
+		}
+	}
+	if c.Kafka.TopicPartitions < 1 {
+		bad("kafka.topic_partitions", "must be at least 1, got %d", c.Kafka.TopicPartitions)
+	}
+	if c.Kafka.TopicReplicationFactor == 0 || c.Kafka.TopicReplicationFactor < -1 {
+		bad("kafka.topic_replication_factor", "must be -1 (broker default) or at least 1, got %d", c.Kafka.TopicReplicationFactor)
+	}
+	if c.Kafka.MaxMessageBytes < 1024 {
+		bad("kafka.max_message_bytes", "must be at least 1024, got %d", c.Kafka.MaxMessageBytes)
+	}
+	if c.Kafka.Linger < 0 {
+		bad("kafka.linger", "must not be negative, got %s", c.Kafka.Linger)
+	}
+	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
+		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")
+	}
+	for et, topic := range c.Routing.Topics {
+		if !ValidTopic(topic) {
+			bad("routing.topics."+et, "%q is not a valid Kafka topic name", topic)
+		}
+	}
+	if c.Routing.FallbackTopic != "" && !ValidTopic(c.Routing.FallbackTopic) {
+		bad("routing.fallback_topic", "%q is not a valid Kafka topic name", c.Routing.FallbackTopic)
+	}
+	if c.Routing.DLQTopic != "" && !ValidTopic(c.Routing.DLQTopic) {
+		bad("routing.dlq_topic", "%q is not a valid Kafka topic name", c.Routing.DLQTopic)
+	}
+	if c.Limits.MaxInFlightRecords < 1 {
+		bad("limits.max_inflight_records", "must be at least 1, got %d", c.Limits.MaxInFlightRecords)
+	}
+	if c.Limits.MaxInFlightBytes < int64(c.Kafka.MaxMessageBytes) {
+		bad("limits.max_inflight_bytes", "must be at least kafka.max_message_bytes (%d), got %d", c.Kafka.MaxMessageBytes, c.Limits.MaxInFlightBytes)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "auto", "text", "json":
+	default:
+		bad("log.format", "must be auto, text or json, got %q", c.Log.Format)
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// ValidTopic reports whether name is a legal Kafka topic name.
+func ValidTopic(name string) bool {
+	return topicRE.MatchString(name) && name != "." && name != ".."
+}
+
+// MaskURL returns u with any password replaced by "xxxxx", for logs and errors.
+func MaskURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		// Not a URL: it may be a key=value DSN; mask a password=... pair.
+		return regexp.MustCompile(`(?i)(password=)\S+`).ReplaceAllString(u, "${1}xxxxx")
+	}
+	if parsed.User != nil {
+		if _, has := parsed.User.Password(); has {
+			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+		}
+	}
+	q := parsed.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		parsed.RawQuery = q.Encode()
+	}
+	return parsed.String()
+}

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// setting is one configuration key that can also be set by an environment variable and, for the
+// quick-start keys, by a flag.
+type setting struct {
+	Key   string // dotted YAML key
+	Env   string // environment variable
+	Flag  string // flag name; empty when the key has no flag
+	Usage string
+	set   func(c *Config, v string) error
+}
+
+func str(p func(c *Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *p(c) = v; return nil }
+}
+
+func boolean(p func(c *Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", v)
+		}
+		*p(c) = b
+		return nil
+	}
+}
+
+func integer[T int | int16 | int32 | int64](p func(c *Config) *T) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("want an integer, got %q", v)
+		}
+		*p(c) = T(n)
+		return nil
+	}
+}
+
+func duration(p func(c *Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 10s, got %q", v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
+func list(p func(c *Config) *[]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		var out []string
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+		*p(c) = out
+		return nil
+	}
+}
+
+// settings lists every key that environment variables and flags can set.
+var settings = []setting{
+	{"postgres.url", "OUTBOX_CDC_POSTGRES", "postgres", "PostgreSQL URL (role with REPLICATION)", str(func(c *Config) *string { return &c.Postgres.URL })},
+	{"postgres.table", "OUTBOX_CDC_TABLE", "table", "outbox table, schema-qualified", str(func(c *Config) *string { return &c.Postgres.Table })},
+	{"postgres.slot", "OUTBOX_CDC_SLOT", "slot", "logical replication slot", str(func(c *Config) *string { return &c.Postgres.Slot })},
+	{"postgres.publication", "OUTBOX_CDC_PUBLICATION", "publication", "publication", str(func(c *Config) *string { return &c.Postgres.Publication })},
+	{"postgres.create_slot", "OUTBOX_CDC_CREATE_SLOT", "", "", boolean(func(c *Config) *bool { return &c.Postgres.CreateSlot })},
+	{"postgres.create_publication", "OUTBOX_CDC_CREATE_PUBLICATION", "", "", boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
+	{"postgres.status_interval", "OUTBOX_CDC_STATUS_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
+	{"postgres.standby_poll_interval", "OUTBOX_CDC_STANDBY_POLL_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Postgres.StandbyPollInterval })},
+	{"postgres.columns.event_id", "OUTBOX_CDC_COLUMN_EVENT_ID", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.EventID })},
+	{"postgres.columns.event_type", "OUTBOX_CDC_COLUMN_EVENT_TYPE", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.EventType })},
+	{"postgres.columns.aggregate_type", "OUTBOX_CDC_COLUMN_AGGREGATE_TYPE", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.AggregateType })},
+	{"postgres.columns.aggregate_id", "OUTBOX_CDC_COLUMN_AGGREGATE_ID", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.AggregateID })},
+	{"postgres.columns.aggregate_version", "OUTBOX_CDC_COLUMN_AGGREGATE_VERSION", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.AggregateVersion })},
+	{"postgres.columns.payload", "OUTBOX_CDC_COLUMN_PAYLOAD", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.Payload })},
+	{"postgres.columns.headers", "OUTBOX_CDC_COLUMN_HEADERS", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.Headers })},
+	{"postgres.columns.created_at", "OUTBOX_CDC_COLUMN_CREATED_AT", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.CreatedAt })},
+	{"kafka.brokers", "OUTBOX_CDC_BROKERS", "brokers", "Kafka seed brokers, comma-separated host:port", list(func(c *Config) *[]string { return &c.Kafka.Brokers })},
+	{"kafka.client_id", "OUTBOX_CDC_CLIENT_ID", "", "", str(func(c *Config) *string { return &c.Kafka.ClientID })},
+	{"kafka.create_topics", "OUTBOX_CDC_CREATE_TOPICS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.CreateTopics })},
+	{"kafka.topic_partitions", "OUTBOX_CDC_TOPIC_PARTITIONS", "", "", integer(func(c *Config) *int32 { return &c.Kafka.TopicPartitions })},
+	{"kafka.topic_replication_factor", "OUTBOX_CDC_TOPIC_REPLICATION_FACTOR", "", "", integer(func(c *Config) *int16 { return &c.Kafka.TopicReplicationFactor })},
+	{"kafka.max_message_bytes", "OUTBOX_CDC_MAX_MESSAGE_BYTES", "", "", integer(func(c *Config) *int32 { return &c.Kafka.MaxMessageBytes })},
+	{"kafka.linger", "OUTBOX_CDC_LINGER", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
+	{"routing.topic", "OUTBOX_CDC_TOPIC", "topic", "topic template, {column} is replaced by the row's value", str(func(c *Config) *string { return &c.Routing.Topic })},
+	{"routing.fallback_topic", "OUTBOX_CDC_FALLBACK_TOPIC", "fallback-topic", "topic for rows the template cannot route", str(func(c *Config) *string { return &c.Routing.FallbackTopic })},
+	{"routing.dlq_topic", "OUTBOX_CDC_DLQ_TOPIC", "dlq-topic", "dead-letter topic for rows that can never be delivered", str(func(c *Config) *string { return &c.Routing.DLQTopic })},
+	{"limits.max_inflight_records", "OUTBOX_CDC_MAX_INFLIGHT_RECORDS", "", "", integer(func(c *Config) *int { return &c.Limits.MaxInFlightRecords })},
+	{"limits.max_inflight_bytes", "OUTBOX_CDC_MAX_INFLIGHT_BYTES", "", "", integer(func(c *Config) *int64 { return &c.Limits.MaxInFlightBytes })},
+	{"log.level", "OUTBOX_CDC_LOG_LEVEL", "log-level", "debug, info, warn or error", str(func(c *Config) *string { return &c.Log.Level })},
+	{"log.format", "OUTBOX_CDC_LOG_FORMAT", "log-format", "auto (text on a terminal, JSON otherwise), text or json", str(func(c *Config) *string { return &c.Log.Format })},
+	{"shutdown_timeout", "OUTBOX_CDC_SHUTDOWN_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+}
+
+// RegisterFlags adds the quick-start flags to fs. Their values are strings so that an unset flag
+// never overrides the file or the environment; apply them with ApplyFlags.
+func RegisterFlags(fs *pflag.FlagSet) {
+	for _, s := range settings {
+		if s.Flag != "" {
+			fs.String(s.Flag, "", s.Usage+" ("+s.Key+", $"+s.Env+")")
+		}
+	}
+}
+
+// ApplyFlags applies the flags of fs that were set on the command line.
+func (c *Config) ApplyFlags(fs *pflag.FlagSet) error {
+	for _, s := range settings {
+		if s.Flag == "" || !fs.Changed(s.Flag) {
+			continue
+		}
+		v, err := fs.GetString(s.Flag)
+		if err != nil {
+			return fmt.Errorf("flag --%s: %w", s.Flag, err)
+		}
+		if err := s.set(c, v); err != nil {
+			return fmt.Errorf("flag --%s (%s): %w", s.Flag, s.Key, err)
+		}
+	}
+	return nil
+}
+
+// EnvReference returns "key  ENV" lines for every environment variable, for the help text.
+func EnvReference() string {
+	var b strings.Builder
+	for _, s := range settings {
+		fmt.Fprintf(&b, "  %-38s %s\n", s.Env, s.Key)
+	}
+	return b.String()
+}
+
+// Load builds the configuration: defaults, then the file at path (if not empty), then the
+// environment, then the flags set in fs (if not nil); then validates it.
+func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (Config, error) {
+	c := Default()
+	if path != "" {
+		if err := c.LoadFile(path); err != nil {
+			return c, err
+		}
+	}
+	if err := c.LoadEnv(lookup); err != nil {
+		return c, err
+	}
+	if fs != nil {
+		if err := c.ApplyFlags(fs); err != nil {
+			return c, err
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return c, nil
+}

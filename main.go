@@ -1,0 +1,85 @@
+// Command outbox-cdc streams committed inserts into a PostgreSQL outbox table to Kafka, in commit
+// order, through a logical replication slot that advances only after Kafka has acknowledged.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-cdc:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "outbox-cdc",
+		Short: "Stream a PostgreSQL outbox table to Kafka from the WAL, at least once and in commit order",
+		Long: `outbox-cdc reads committed inserts into an outbox table from PostgreSQL's WAL through a
+logical replication slot (pgoutput), sends each row to the Kafka topic chosen by its event_type,
+and advances the slot only after Kafka has acknowledged. Rows may be deleted in the transaction
+that inserted them: the WAL still carries them.
+
+Configuration comes from a YAML file (--config), overridden by OUTBOX_CDC_* environment variables,
+overridden by flags.`,
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("config", "", "YAML configuration file ($OUTBOX_CDC_CONFIG)")
+	root.AddCommand(newRunCommand())
+	return root
+}
+
+// loadConfig builds the configuration of a command from its --config file, the environment and its
+// flags.
+func loadConfig(cmd *cobra.Command) (config.Config, error) {
+	path, _ := cmd.Flags().GetString("config")
+	if path == "" {
+		path = os.Getenv("OUTBOX_CDC_CONFIG")
+	}
+	return config.Load(path, os.LookupEnv, cmd.Flags())
+}
+
+// newLogger returns the operator's logger: text on a terminal, JSON otherwise, unless format says.
+func newLogger(w io.Writer, cfg config.Log) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.Level)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	format := cfg.Format
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				format = "text"
+			}
+		}
+	}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// errExit is returned for failures already reported in the log.
+var errExit = errors.New("stopped on error (see the log above)")

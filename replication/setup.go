@@ -1,0 +1,187 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Connect opens a replication connection (replication=database) to the database at url.
+func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres url: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "outbox-cdc"
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres for replication: %w", err)
+	}
+	return conn, nil
+}
+
+// SplitTable splits "schema.table" (or "table", schema public) into its parts.
+func SplitTable(qualified string) (schema, table string) {
+	if i := strings.IndexByte(qualified, '.'); i >= 0 {
+		return qualified[:i], qualified[i+1:]
+	}
+	return "public", qualified
+}
+
+// ErrNotSetUp is returned (wrapped) when the database lacks something outbox-cdc needs and may not or
+// cannot create: the outbox table, a suitable publication, the slot. Retrying does not help.
+var ErrNotSetUp = errors.New("database not set up for outbox-cdc")
+
+// slotInfo is a row of pg_replication_slots.
+type slotInfo struct {
+	exists    bool
+	plugin    string
+	active    bool
+	activePID int
+	walStatus string
+	confirmed LSN
+}
+
+func inspectSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (slotInfo, error) {
+	rows, err := query(ctx, conn, fmt.Sprintf(
+		`SELECT plugin, active, coalesce(active_pid, 0), coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, '0/0')
+		   FROM pg_replication_slots WHERE slot_name = %s AND database = current_database()`, quoteLiteral(slot)))
+	if err != nil {
+		return slotInfo{}, fmt.Errorf("inspect replication slot %q: %w", slot, err)
+	}
+	if len(rows) == 0 {
+		return slotInfo{}, nil
+	}
+	r := rows[0]
+	info := slotInfo{exists: true, plugin: r[0], active: r[1] == "t", walStatus: r[3]}
+	fmt.Sscan(r[2], &info.activePID)
+	lsn, err := pglogrepl.ParseLSN(r[4])
+	if err != nil {
+		return slotInfo{}, fmt.Errorf("parse confirmed_flush_lsn %q: %w", r[4], err)
+	}
+	info.confirmed = LSN(lsn)
+	if info.plugin != "pgoutput" {
+		return slotInfo{}, fmt.Errorf("replication slot %q uses plugin %q; outbox-cdc needs pgoutput", slot, info.plugin)
+	}
+	return info, nil
+}
+
+// SetupOptions say what Setup may create.
+type SetupOptions struct {
+	// Slot, Publication, Schema and Table name the objects.
+	Slot, Publication, Schema, Table string
+	// CreatePublication and CreateSlot allow creating missing objects.
+	CreatePublication, CreateSlot bool
+}
+
+// SetupResult says what Setup found and did.
+type SetupResult struct {
+	// CreatedPublication and CreatedSlot are true when Setup created them.
+	CreatedPublication, CreatedSlot bool
+}
+
+// Setup checks that the outbox table, the publication (covering the table and publishing inserts)
+// and the slot exist, creating the publication and slot when allowed.
+func Setup(ctx context.Context, conn *pgconn.PgConn, o SetupOptions) (SetupResult, error) {
+	var res SetupResult
+	qualified := quoteIdent(o.Schema) + "." + quoteIdent(o.Table)
+	rows, err := query(ctx, conn, fmt.Sprintf(
+		`SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')`,
+		quoteLiteral(o.Schema), quoteLiteral(o.Table)))
+	if err != nil {
+		return res, fmt.Errorf("look up outbox table: %w", err)
+	}
+	if len(rows) == 0 {
+		return res, fmt.Errorf("%w: outbox table %s.%s does not exist (postgres.table); create it from sql/outbox.sql", ErrNotSetUp, o.Schema, o.Table)
+	}
+
+	rows, err = query(ctx, conn, fmt.Sprintf(`SELECT pubinsert FROM pg_publication WHERE pubname = %s`, quoteLiteral(o.Publication)))
+	if err != nil {
+		return res, fmt.Errorf("look up publication: %w", err)
+	}
+	switch {
+	case len(rows) == 0 && !o.CreatePublication:
+		return res, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			ErrNotSetUp, o.Publication, quoteIdent(o.Publication), qualified)
+	case len(rows) == 0:
+		if _, err := query(ctx, conn, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`, quoteIdent(o.Publication), qualified)); err != nil {
+			if isPrivilegeError(err) {
+				return res, fmt.Errorf("%w: create publication %q: %w", ErrNotSetUp, o.Publication, err)
+			}
+			return res, fmt.Errorf("create publication %q: %w", o.Publication, err)
+		}
+		res.CreatedPublication = true
+	case rows[0][0] != "t":
+		return res, fmt.Errorf("%w: publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrNotSetUp, o.Publication, quoteIdent(o.Publication))
+	default:
+		rows, err = query(ctx, conn, fmt.Sprintf(`SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s`,
+			quoteLiteral(o.Publication), quoteLiteral(o.Schema), quoteLiteral(o.Table)))
+		if err != nil {
+			return res, fmt.Errorf("look up publication tables: %w", err)
+		}
+		if len(rows) == 0 {
+			return res, fmt.Errorf("%w: publication %q does not include %s.%s: ALTER PUBLICATION %s ADD TABLE %s", ErrNotSetUp, o.Publication, o.Schema, o.Table, quoteIdent(o.Publication), qualified)
+		}
+	}
+
+	slot, err := inspectSlot(ctx, conn, o.Slot)
+	if err != nil {
+		return res, err
+	}
+	if !slot.exists {
+		if !o.CreateSlot {
+			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
+		}
+		_, err := pglogrepl.CreateReplicationSlot(ctx, conn, quoteIdent(o.Slot), "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // 42710: created meanwhile by another instance
+			if isPrivilegeError(err) {
+				return res, fmt.Errorf("%w: create replication slot %q: %w", ErrNotSetUp, o.Slot, err)
+			}
+			return res, fmt.Errorf("create replication slot %q: %w", o.Slot, err)
+		}
+		res.CreatedSlot = err == nil
+	}
+	return res, nil
+}
+
+// isPrivilegeError reports SQLSTATE class 42 (syntax error or access rule violation).
+func isPrivilegeError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42")
+}
+
+// query runs one statement in the simple protocol (the only one a replication connection speaks) and
+// returns its rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+	results, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	var out [][]string
+	for _, r := range results {
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		for _, row := range r.Rows {
+			vals := make([]string, len(row))
+			for i, v := range row {
+				vals[i] = string(v)
+			}
+			out = append(out, vals)
+		}
+	}
+	return out, nil
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

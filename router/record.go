@@ -1,0 +1,124 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Header names set on every record.
+const (
+	HeaderEventID          = "event_id"
+	HeaderEventType        = "event_type"
+	HeaderAggregateType    = "aggregate_type"
+	HeaderAggregateVersion = "aggregate_version"
+	HeaderCreatedAt        = "created_at"
+)
+
+// Header names set on dead-letter records, besides the original record's headers.
+const (
+	HeaderDLQReason        = "outbox.dlq.reason"
+	HeaderDLQSourceLSN     = "outbox.dlq.source_lsn"
+	HeaderDLQTime          = "outbox.dlq.time"
+	HeaderDLQTopic         = "outbox.dlq.original_topic"
+	HeaderDLQTruncated     = "outbox.dlq.value_truncated"
+	HeaderDLQOriginalBytes = "outbox.dlq.original_value_bytes"
+)
+
+var reservedHeaders = map[string]bool{
+	HeaderEventID: true, HeaderEventType: true, HeaderAggregateType: true, HeaderAggregateVersion: true, HeaderCreatedAt: true,
+}
+
+// buildRecord makes the record for row without its topic: key = aggregate_id, value = payload bytes
+// as stored, headers from the row's columns and every key of its headers JSON object. A row that can
+// never be a valid record returns an *Unroutable error; the record returned with it still carries
+// what could be read, for the dead-letter topic.
+func buildRecord(row Row, cols Columns) (*kgo.Record, error) {
+	rec := &kgo.Record{}
+	var problem error
+	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
+		rec.Key = id
+	} else {
+		problem = &Unroutable{Reason: fmt.Sprintf("column %s (aggregate id, the Kafka key) is NULL or empty", cols.AggregateID)}
+	}
+	if v, ok := row.Value(cols.Payload); ok {
+		rec.Value = v
+	}
+	add := func(key, column string) {
+		if column == "" {
+			return
+		}
+		if v, ok := row.Value(column); ok {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: key, Value: v})
+		}
+	}
+	add(HeaderEventID, cols.EventID)
+	add(HeaderEventType, cols.EventType)
+	add(HeaderAggregateType, cols.AggregateType)
+	add(HeaderAggregateVersion, cols.AggregateVersion)
+	add(HeaderCreatedAt, cols.CreatedAt)
+	if cols.Headers != "" {
+		if raw, ok := row.Value(cols.Headers); ok && len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			extra, err := jsonHeaders(raw)
+			if err != nil && problem == nil {
+				problem = &Unroutable{Reason: fmt.Sprintf("column %s: %v", cols.Headers, err)}
+			}
+			rec.Headers = append(rec.Headers, extra...)
+		}
+	}
+	return rec, problem
+}
+
+// jsonHeaders turns a JSON object into headers in key order: string values as they are, other
+// values as their JSON text. Keys that collide with the record's own headers are left out.
+func jsonHeaders(raw []byte) ([]kgo.RecordHeader, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, fmt.Errorf("headers must be a JSON object: %v", err)
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		if !reservedHeaders[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	out := make([]kgo.RecordHeader, 0, len(keys))
+	for _, k := range keys {
+		v := obj[k]
+		var s string
+		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
+			out = append(out, kgo.RecordHeader{Key: k, Value: []byte(s)})
+			continue
+		}
+		if string(v) == "null" {
+			out = append(out, kgo.RecordHeader{Key: k})
+			continue
+		}
+		out = append(out, kgo.RecordHeader{Key: k, Value: append([]byte(nil), v...)})
+	}
+	return out, nil
+}
+
+// recordSize estimates the bytes a record takes in a batch, generously: the sum of key, value and
+// headers plus per-record and per-batch overhead.
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + len(r.Topic) + 128
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
+}
+
+// header returns the value of the first header named key.
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,140 @@
+// Package router turns outbox rows into Kafka records and delivers them: it chooses each row's topic,
+// builds key, value and headers, produces with franz-go, and sends rows that can never be delivered
+// to the dead-letter topic with their reason. It knows nothing of the WAL format.
+package router
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Row is one outbox row: the value of a column by name, false when NULL or absent.
+type Row interface {
+	Value(column string) ([]byte, bool)
+}
+
+// Columns names the outbox table's columns for each role.
+type Columns struct {
+	EventID, EventType, AggregateType, AggregateID, AggregateVersion, Payload, Headers, CreatedAt string
+}
+
+// roles maps the role names usable in a topic template to their configured columns.
+func (c Columns) roles() map[string]string {
+	return map[string]string{
+		"event_id": c.EventID, "event_type": c.EventType, "aggregate_type": c.AggregateType,
+		"aggregate_id": c.AggregateID, "aggregate_version": c.AggregateVersion, "created_at": c.CreatedAt,
+	}
+}
+
+// Rules choose a row's topic: an explicit event_type -> topic map first, then the template, then the
+// fallback topic for rows the template cannot route.
+type Rules struct {
+	parts    []templatePart
+	topics   map[string]string
+	fallback string
+	cols     Columns
+}
+
+type templatePart struct {
+	literal string
+	column  string // non-empty for a {placeholder}
+}
+
+var placeholderRE = regexp.MustCompile(`\{([^{}]*)\}`)
+
+// NewRules compiles the routing rules. In template, {name} is replaced by the row's value of column
+// name; the role names event_type, aggregate_type, aggregate_id, ... stand for their configured columns.
+func NewRules(template string, topics map[string]string, fallback string, cols Columns) (*Rules, error) {
+	r := &Rules{topics: topics, fallback: fallback, cols: cols}
+	if fallback != "" && !ValidTopic(fallback) {
+		return nil, fmt.Errorf("fallback topic %q is not a valid Kafka topic name", fallback)
+	}
+	for et, t := range topics {
+		if !ValidTopic(t) {
+			return nil, fmt.Errorf("topic %q for event type %q is not a valid Kafka topic name", t, et)
+		}
+	}
+	roles := cols.roles()
+	last := 0
+	for _, m := range placeholderRE.FindAllStringSubmatchIndex(template, -1) {
+		if m[0] > last {
+			r.parts = append(r.parts, templatePart{literal: template[last:m[0]]})
+		}
+		name := strings.TrimSpace(template[m[2]:m[3]])
+		if name == "" {
+			return nil, fmt.Errorf("topic template %q has an empty placeholder", template)
+		}
+		if col, ok := roles[name]; ok && col != "" {
+			name = col
+		}
+		r.parts = append(r.parts, templatePart{column: name})
+		last = m[1]
+	}
+	if rest := template[last:]; rest != "" {
+		if strings.ContainsAny(rest, "{}") {
+			return nil, fmt.Errorf("topic template %q has an unbalanced brace", template)
+		}
+		r.parts = append(r.parts, templatePart{literal: rest})
+	}
+	return r, nil
+}
+
+// Unroutable explains why a row has no topic; such a row goes to the dead-letter topic.
+type Unroutable struct {
+	Reason string
+}
+
+func (u *Unroutable) Error() string { return u.Reason }
+
+// Topic returns the topic for row, or an *Unroutable error.
+func (r *Rules) Topic(row Row) (string, error) {
+	et, ok := row.Value(r.cols.EventType)
+	if !ok || len(et) == 0 {
+		return "", &Unroutable{Reason: fmt.Sprintf("column %s (event type) is NULL or empty", r.cols.EventType)}
+	}
+	if t, ok := r.topics[string(et)]; ok {
+		return t, nil
+	}
+	if len(r.parts) == 0 {
+		return r.orFallback(fmt.Sprintf("no routing.topics entry for event type %q and no topic template", et))
+	}
+	var b strings.Builder
+	for _, p := range r.parts {
+		if p.column == "" {
+			b.WriteString(p.literal)
+			continue
+		}
+		v, ok := row.Value(p.column)
+		if !ok || len(v) == 0 {
+			return r.orFallback(fmt.Sprintf("topic template: column %s is NULL or empty", p.column))
+		}
+		b.Write(v)
+	}
+	topic := b.String()
+	if !ValidTopic(topic) {
+		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-])", truncate(topic, 300)))
+	}
+	return topic, nil
+}
+
+func (r *Rules) orFallback(reason string) (string, error) {
+	if r.fallback != "" {
+		return r.fallback, nil
+	}
+	return "", &Unroutable{Reason: reason}
+}
+
+var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// ValidTopic reports whether name is a legal Kafka topic name.
+func ValidTopic(name string) bool {
+	return topicRE.MatchString(name) && name != "." && name != ".."
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,330 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Options configure a Router.
+type Options struct {
+	// Brokers are the seed brokers.
+	Brokers []string
+	// ClientID is the Kafka client id.
+	ClientID string
+	// Rules choose each row's topic.
+	Rules *Rules
+	// Columns name the outbox columns.
+	Columns Columns
+	// DLQTopic receives undeliverable rows; empty means such a row stops the router.
+	DLQTopic string
+	// CreateTopics creates missing topics with TopicPartitions and TopicReplicationFactor.
+	CreateTopics           bool
+	TopicPartitions        int32
+	TopicReplicationFactor int16
+	// MaxMessageBytes is the largest record sent; larger rows are dead-lettered.
+	MaxMessageBytes int32
+	// MaxInFlightRecords and MaxInFlightBytes cap what is handed to Kafka and not yet acknowledged.
+	MaxInFlightRecords int
+	MaxInFlightBytes   int64
+	// Linger is the producer's linger.
+	Linger time.Duration
+	// Logger receives the router's log lines.
+	Logger *slog.Logger
+	// Counters, if not nil, are updated as the router runs.
+	Counters *Counters
+	// ExtraOpts are appended to the franz-go options (tests use them to point at kfake).
+	ExtraOpts []kgo.Opt
+}
+
+// Counters count the router's work. All fields are safe for concurrent reads.
+type Counters struct {
+	// Produced counts records acknowledged by Kafka on their topic.
+	Produced atomic.Int64
+	// ProducedBytes counts key and value bytes of those records.
+	ProducedBytes atomic.Int64
+	// DeadLettered counts records acknowledged on the dead-letter topic.
+	DeadLettered atomic.Int64
+	// InFlightRecords and InFlightBytes are what is handed to Kafka and not yet acknowledged.
+	InFlightRecords, InFlightBytes atomic.Int64
+}
+
+// Source describes where a row came from, for dead-letter headers.
+type Source struct {
+	// LSN is the WAL position of the row, formatted as PostgreSQL does.
+	LSN string
+}
+
+// UndeliverableError is returned when a row can never be delivered and no dead-letter topic is set.
+// Replaying cannot help: the operator must act.
+type UndeliverableError struct {
+	EventID string
+	Reason  string
+}
+
+func (e *UndeliverableError) Error() string {
+	return fmt.Sprintf("event %s can never be delivered and routing.dlq_topic is not set: %s", e.EventID, e.Reason)
+}
+
+// Router delivers rows to Kafka. Prepare and Produce are called from one goroutine; acknowledgements run on the
+// producer's promise goroutine.
+type Router struct {
+	opts    Options
+	client  *kgo.Client
+	admin   *kadm.Client
+	log     *slog.Logger
+	limiter *limiter
+	ensured map[string]bool // topics known to exist; used by Send's goroutine only
+
+	failOnce sync.Once
+	failed   chan struct{}
+	failErr  error
+}
+
+// New creates a router and its Kafka client. It does not contact Kafka; Ping does.
+func New(opts Options) (*Router, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Counters == nil {
+		opts.Counters = new(Counters)
+	}
+	if opts.MaxInFlightRecords <= 0 || opts.MaxInFlightBytes <= 0 || opts.MaxMessageBytes <= 0 {
+		return nil, errors.New("router: in-flight limits and max message bytes must be positive")
+	}
+	kopts := []kgo.Opt{
+		kgo.SeedBrokers(opts.Brokers...),
+		kgo.ClientID(opts.ClientID),
+		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
+		// a record-level retry or timeout limit could reorder or drop records.
+		kgo.ProducerBatchMaxBytes(opts.MaxMessageBytes),
+		// The limiter caps what is in flight; the client's own buffer must never be the one that blocks.
+		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords + 16),
+		kgo.WithLogger(kgoLogger{opts.Logger}),
+	}
+	if opts.Linger > 0 {
+		kopts = append(kopts, kgo.ProducerLinger(opts.Linger))
+	}
+	kopts = append(kopts, opts.ExtraOpts...)
+	client, err := kgo.NewClient(kopts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	return &Router{
+		opts:    opts,
+		client:  client,
+		admin:   kadm.NewClient(client),
+		log:     opts.Logger,
+		limiter: newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
+		ensured: make(map[string]bool),
+		failed:  make(chan struct{}),
+	}, nil
+}
+
+// Ping checks that a broker answers, and creates the dead-letter topic if it is configured and
+// topic creation is on.
+func (r *Router) Ping(ctx context.Context) error {
+	if err := r.client.Ping(ctx); err != nil {
+		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Brokers, err)
+	}
+	if r.opts.DLQTopic != "" {
+		if err := r.ensureTopic(ctx, r.opts.DLQTopic); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Failed is closed when the router has hit an error it cannot get past; Err then returns it.
+func (r *Router) Failed() <-chan struct{} { return r.failed }
+
+// Err returns the router's failure, or nil.
+func (r *Router) Err() error {
+	select {
+	case <-r.failed:
+		return r.failErr
+	default:
+		return nil
+	}
+}
+
+func (r *Router) fail(err error) {
+	r.failOnce.Do(func() {
+		r.failErr = err
+		close(r.failed)
+	})
+}
+
+// Prepared is a routed record that holds its room under the in-flight caps until it is acknowledged.
+type Prepared struct {
+	rec       *kgo.Record
+	size      int64
+	src       Source
+	dlqReason string // non-empty: the record goes to the dead-letter topic for this reason
+}
+
+// Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
+// If ctx ends first it returns ctx's error and holds nothing. It returns the router's failure once
+// there is one, and an *UndeliverableError for a row that can never be delivered when no
+// dead-letter topic is set.
+func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, error) {
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	rec, problem := buildRecord(row, r.opts.Columns)
+	if problem == nil {
+		rec.Topic, problem = r.opts.Rules.Topic(row)
+	}
+	if problem == nil && recordSize(rec) > int(r.opts.MaxMessageBytes)-512 {
+		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", recordSize(rec), r.opts.MaxMessageBytes)}
+	}
+	p := &Prepared{rec: rec, src: src, size: int64(min(recordSize(rec), int(r.opts.MaxMessageBytes)))}
+	if problem != nil {
+		if r.opts.DLQTopic == "" {
+			err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: problem.Error()}
+			r.fail(err)
+			return nil, err
+		}
+		p.dlqReason = problem.Error()
+	} else if err := r.ensureTopic(ctx, rec.Topic); err != nil {
+		return nil, err
+	}
+	if err := r.limiter.Acquire(ctx, p.size); err != nil {
+		return nil, err
+	}
+	r.trackInFlight()
+	return p, nil
+}
+
+// Produce hands a prepared record to Kafka without blocking; ack runs once the record, or its
+// dead-letter record, is acknowledged. A final produce error fails the router instead: ack never
+// runs, so the slot never moves past the record.
+func (r *Router) Produce(p *Prepared, ack func()) {
+	if p.dlqReason != "" {
+		r.produceDLQ(p.rec, p.src, p.dlqReason, p.size, ack)
+		return
+	}
+	r.client.Produce(context.Background(), p.rec, func(rec *kgo.Record, err error) {
+		if err == nil {
+			r.opts.Counters.Produced.Add(1)
+			r.opts.Counters.ProducedBytes.Add(int64(len(rec.Key) + len(rec.Value)))
+			r.release(p.size)
+			ack()
+			return
+		}
+		if neverDeliverable(err) {
+			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record: %v", err), p.size, ack)
+			return
+		}
+		r.release(p.size)
+		r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, HeaderEventID), rec.Topic, err))
+	})
+}
+
+// neverDeliverable reports whether Kafka rejected the record itself, so that retrying can never help.
+func neverDeliverable(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
+}
+
+// produceDLQ writes the dead-letter record for rec; the room held under size is released when it is
+// acknowledged. It never blocks, so it may run on the promise goroutine.
+func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason string, size int64, ack func()) {
+	if r.opts.DLQTopic == "" {
+		r.release(size)
+		r.fail(&UndeliverableError{EventID: header(orig, HeaderEventID), Reason: reason})
+		return
+	}
+	dlq := &kgo.Record{Topic: r.opts.DLQTopic, Key: orig.Key, Value: orig.Value}
+	dlq.Headers = append(dlq.Headers, orig.Headers...)
+	dlq.Headers = append(dlq.Headers,
+		kgo.RecordHeader{Key: HeaderDLQReason, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderDLQSourceLSN, Value: []byte(src.LSN)},
+		kgo.RecordHeader{Key: HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	)
+	if orig.Topic != "" {
+		dlq.Headers = append(dlq.Headers, kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(orig.Topic)})
+	}
+	// The dead-letter topic has the same size limit: keep as much of the value as fits and say so.
+	if limit := int(r.opts.MaxMessageBytes) - 4096 - (recordSize(dlq) - len(dlq.Value)); len(dlq.Value) > limit {
+		dlq.Headers = append(dlq.Headers,
+			kgo.RecordHeader{Key: HeaderDLQTruncated, Value: []byte("true")},
+			kgo.RecordHeader{Key: HeaderDLQOriginalBytes, Value: []byte(strconv.Itoa(len(dlq.Value)))})
+		dlq.Value = dlq.Value[:max(limit, 0)]
+	}
+	r.log.Warn("dead-lettering event", "event_id", header(orig, HeaderEventID), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
+	r.client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
+		r.release(size)
+		if err != nil {
+			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", header(orig, HeaderEventID), r.opts.DLQTopic, err))
+			return
+		}
+		r.opts.Counters.DeadLettered.Add(1)
+		ack()
+	})
+}
+
+func (r *Router) release(size int64) {
+	r.limiter.Release(size)
+	r.trackInFlight()
+}
+
+func (r *Router) trackInFlight() {
+	recs, b := r.limiter.InFlight()
+	r.opts.Counters.InFlightRecords.Store(recs)
+	r.opts.Counters.InFlightBytes.Store(b)
+}
+
+// ensureTopic creates topic once per router if topic creation is on.
+func (r *Router) ensureTopic(ctx context.Context, topic string) error {
+	if !r.opts.CreateTopics || r.ensured[topic] {
+		return nil
+	}
+	resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	if err == nil {
+		r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
+	}
+	r.ensured[topic] = true
+	return nil
+}
+
+// Flush waits until every buffered record is acknowledged or ctx ends.
+func (r *Router) Flush(ctx context.Context) error {
+	if err := r.client.Flush(ctx); err != nil {
+		return fmt.Errorf("flush kafka producer: %w", err)
+	}
+	return nil
+}
+
+// Close closes the Kafka client; records not yet acknowledged are failed and never acknowledged.
+func (r *Router) Close() {
+	r.client.Close()
+}
+
+// kgoLogger sends franz-go's warnings and errors to slog.
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lvl := slog.LevelWarn
+	if level == kgo.LogLevelError {
+		lvl = slog.LevelError
+	}
+	k.l.Log(context.Background(), lvl, "kafka client: "+msg, keyvals...)
+}

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# Local services for outbox-cdc development and tests, without Docker:
+#   a private PostgreSQL 15 cluster (wal_level=logical) and a single-node Apache Kafka 4.x broker (KRaft)
+#   whose jars come from Maven Central.
+#
+#   scripts/services.sh up      start both (idempotent) and write .dev/env
+#   scripts/services.sh down    stop both by pid
+#   scripts/services.sh status  print what runs
+#
+# Ports (non-default, override with the environment): PostgreSQL 55432, Kafka 59092 (controller 59093).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEV="${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}"
+PG_PORT="${OUTBOX_CDC_PG_PORT:-55432}"
+KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-59092}"
+KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-59093}"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+KAFKA_LIBS="$DEV/kafka-libs"
+KAFKA_DIR="$DEV/kafka"
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+mkdir -p "$DEV"
+
+# --- PostgreSQL -------------------------------------------------------------------------------------
+
+# The server refuses to run as root: as root we run it as the postgres user, in a data directory that
+# user can reach (the checkout may sit below a directory only root can enter).
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_data_dir() {
+  if [ -f "$DEV/pgdata-path" ]; then cat "$DEV/pgdata-path"; return; fi
+  local dir="$DEV/pg"
+  if [ "$(id -u)" = 0 ]; then
+    mkdir -p "$dir" && chown postgres: "$dir" && chmod 700 "$dir"
+    if ! runuser -u postgres -- test -w "$dir"; then
+      dir="/var/tmp/outbox-cdc-pg-$(printf '%s' "$ROOT" | md5sum | cut -c1-8)"
+      mkdir -p "$dir" && chown postgres: "$dir" && chmod 700 "$dir"
+    fi
+  else
+    mkdir -p "$dir" && chmod 700 "$dir"
+  fi
+  echo "$dir" > "$DEV/pgdata-path"
+  echo "$dir"
+}
+
+pg_up() {
+  [ -x "$PG_BIN/postgres" ] || die "PostgreSQL 15 server binaries not found in $PG_BIN (apt-get install -y postgresql-15)"
+  local data; data="$(pg_data_dir)"
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initdb $data"
+    local pwfile; pwfile="$(mktemp)"; echo postgres > "$pwfile"; chmod 644 "$pwfile"
+    as_pg "$PG_BIN/initdb" -D "$data" -U postgres --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+    rm -f "$pwfile"
+    cat >> "$data/postgresql.conf" <<CONF
+# outbox-cdc local development settings
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$data'
+wal_level = logical
+max_replication_slots = 16
+max_wal_senders = 16
+wal_sender_timeout = 60s
+fsync = off
+full_page_writes = off
+shared_buffers = 256MB
+max_wal_size = 2GB
+log_min_messages = warning
+CONF
+    cat > "$data/pg_hba.conf" <<HBA
+local   all          all                      trust
+local   replication  all                      trust
+host    all          all        127.0.0.1/32  scram-sha-256
+host    replication  all        127.0.0.1/32  scram-sha-256
+HBA
+  fi
+  if as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "postgres already running on port $PG_PORT"
+  else
+    log "starting postgres on 127.0.0.1:$PG_PORT"
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null \
+      || { tail -20 "$data/server.log" >&2; die "postgres did not start"; }
+  fi
+  # Roles and database, idempotently: the router's role (LOGIN REPLICATION, owner of database outbox).
+  as_pg psql -h "$data" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -q <<'SQL'
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox') THEN
+    CREATE ROLE outbox LOGIN REPLICATION PASSWORD 'outbox';
+  END IF;
+END $$;
+SELECT 'CREATE DATABASE outbox OWNER outbox' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'outbox')\gexec
+SQL
+}
+
+pg_down() {
+  [ -f "$DEV/pgdata-path" ] || return 0
+  local data; data="$(cat "$DEV/pgdata-path")"
+  [ -f "$data/postmaster.pid" ] || return 0
+  log "stopping postgres"
+  as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+}
+
+# --- Kafka ------------------------------------------------------------------------------------------
+
+kafka_libs() {
+  if [ -f "$KAFKA_LIBS/.complete" ]; then return; fi
+  command -v mvn >/dev/null || die "maven is needed to fetch the Kafka jars (apt-get install -y maven)"
+  log "fetching Apache Kafka jars from Maven Central into $KAFKA_LIBS (once, ~45 MB)"
+  rm -rf "$KAFKA_LIBS"
+  mvn -B -q -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS" >&2
+  touch "$KAFKA_LIBS/.complete"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+kafka_running() {
+  [ -f "$KAFKA_DIR/kafka.pid" ] && kill -0 "$(cat "$KAFKA_DIR/kafka.pid")" 2>/dev/null
+}
+
+kafka_up() {
+  command -v java >/dev/null || die "java 17+ is needed to run the Kafka broker (apt-get install -y openjdk-17-jre-headless)"
+  kafka_libs
+  if kafka_running; then log "kafka already running on port $KAFKA_PORT"; return; fi
+  mkdir -p "$KAFKA_DIR/data"
+  cat > "$KAFKA_DIR/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DIR/data
+num.partitions=3
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.flush.interval.ms=1000
+PROPS
+  cat > "$KAFKA_DIR/log4j2.properties" <<L4J
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = $KAFKA_DIR/broker.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.server.name = kafka.server.KafkaServer
+logger.server.level = info
+L4J
+  if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+    local id; id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+    log "formatting kafka storage (cluster id $id)"
+    java -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool \
+      format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" >/dev/null
+  fi
+  log "starting kafka on 127.0.0.1:$KAFKA_PORT"
+  nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" > "$KAFKA_DIR/stdout.log" 2>&1 &
+  echo $! > "$KAFKA_DIR/kafka.pid"
+  for _ in $(seq 1 120); do
+    if port_open "$KAFKA_PORT"; then log "kafka is up"; return; fi
+    kafka_running || { tail -30 "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/broker.log" >&2 || true; die "kafka exited during start"; }
+    sleep 0.5
+  done
+  die "kafka did not open port $KAFKA_PORT within 60 s (see $KAFKA_DIR/broker.log)"
+}
+
+kafka_down() {
+  kafka_running || return 0
+  local pid; pid="$(cat "$KAFKA_DIR/kafka.pid")"
+  log "stopping kafka (pid $pid)"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || { rm -f "$KAFKA_DIR/kafka.pid"; return 0; }; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$KAFKA_DIR/kafka.pid"
+}
+
+write_env() {
+  cat > "$DEV/env" <<ENV
+# Written by scripts/services.sh: the local services. Source it, or let outbox-cdc and the tests read it.
+OUTBOX_CDC_POSTGRES=postgres://outbox:outbox@127.0.0.1:$PG_PORT/outbox
+OUTBOX_CDC_BROKERS=127.0.0.1:$KAFKA_PORT
+OUTBOX_CDC_TEST_ADMIN_POSTGRES=postgres://postgres:postgres@127.0.0.1:$PG_PORT/outbox
+ENV
+  log "wrote $DEV/env"
+}
+
+case "${1:-}" in
+  up) pg_up; kafka_up; write_env ;;
+  down) kafka_down; pg_down ;;
+  kafka-stop) kafka_down ;;
+  kafka-start) kafka_up ;;
+  status)
+    if [ -f "$DEV/pgdata-path" ] && as_pg "$PG_BIN/pg_ctl" -D "$(cat "$DEV/pgdata-path")" status >/dev/null 2>&1; then
+      echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+    if kafka_running; then echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_DIR/kafka.pid"))"; else echo "kafka: stopped"; fi ;;
+  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop" >&2; exit 2 ;;
+esac
