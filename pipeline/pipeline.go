@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -29,7 +30,32 @@ type Pipeline struct {
 	Replication replication.Counters
 	// Router counts what the router delivered.
 	Router router.Counters
+
+	state atomic.Int32
 }
+
+// State is what the pipeline is doing.
+type State int32
+
+// The pipeline's states.
+const (
+	// StateStarting: connecting, setting up, or backing off after a failure.
+	StateStarting State = iota
+	// StateStandby: another instance holds the slot; this one waits to take over.
+	StateStandby
+	// StateStreaming: the slot is ours and WAL flows to Kafka.
+	StateStreaming
+	// StateStopped: Run has returned.
+	StateStopped
+)
+
+// String names the state.
+func (s State) String() string {
+	return [...]string{"starting", "standby", "streaming", "stopped"}[s]
+}
+
+// State returns what the pipeline is doing now.
+func (p *Pipeline) State() State { return State(p.state.Load()) }
 
 // New validates what the configuration cannot check alone (the routing rules) and returns a pipeline.
 func New(cfg config.Config, log *slog.Logger) (*Pipeline, error) {
@@ -63,9 +89,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bo.MaxInterval = 30 * time.Second
 	bo.RandomizationFactor = 0.5
 	standby := false
+	defer p.state.Store(int32(StateStopped))
 	for {
 		started := time.Now()
 		err := p.runOnce(ctx, &standby)
+		p.state.Store(int32(StateStarting))
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -78,6 +106,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				p.log.Info("slot is in use by another instance: waiting as hot standby", "slot", p.cfg.Postgres.Slot, "reason", err.Error())
 				standby = true
 			}
+			p.state.Store(int32(StateStandby))
 			wait = p.cfg.Postgres.StandbyPollInterval
 		} else {
 			if time.Since(started) > time.Minute {
@@ -153,6 +182,7 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
 		"table", cfg.Postgres.Table, "from_lsn", stream.StartLSN().String())
 
+	p.state.Store(int32(StateStreaming))
 	streamCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

@@ -309,13 +309,16 @@ func (s *Stream) deliver(ctx context.Context, h Handler, row Row) error {
 // when StatusInterval has passed since the last one.
 func (s *Stream) maybeSendStatus(force bool) error {
 	wm := s.tracker.Watermark()
-	if !force && wm == s.sentLSN && time.Since(s.lastSent) < s.opts.StatusInterval {
+	periodic := time.Since(s.lastSent) >= s.opts.StatusInterval
+	if !force && wm == s.sentLSN && !periodic {
 		return nil
 	}
-	return s.sendStatus(wm)
+	// A periodic update while idle asks the server for a keepalive, whose WAL end then releases WAL
+	// that other tables' writes added, even if the server would not have sent one on its own soon.
+	return s.sendStatus(wm, periodic && !force && s.current == nil && s.tracker.Idle())
 }
 
-func (s *Stream) sendStatus(wm LSN) error {
+func (s *Stream) sendStatus(wm LSN, requestReply bool) error {
 	if wm == 0 {
 		return nil // nothing known yet; never send 0, which the library would echo into every field
 	}
@@ -325,6 +328,7 @@ func (s *Stream) sendStatus(wm LSN) error {
 		WALFlushPosition: pglogrepl.LSN(wm),
 		WALApplyPosition: pglogrepl.LSN(wm),
 		ClientTime:       time.Now(),
+		ReplyRequested:   requestReply,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update: %w", err)
@@ -344,7 +348,7 @@ func (s *Stream) Confirm() error {
 	if s.tracker == nil {
 		return nil
 	}
-	return s.sendStatus(s.tracker.Watermark())
+	return s.sendStatus(s.tracker.Watermark(), false)
 }
 
 // Close closes the replication connection.

@@ -1,0 +1,281 @@
+// Package testenv gives integration tests the local PostgreSQL and Kafka started by `make up`
+// (scripts/services.sh), and fixtures on them: a private outbox table, publication, slot and topic
+// prefix per test. A test that cannot reach a service fails with a message that says how to start it;
+// it skips only under `go test -short`.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+const startHint = "start the local services with `make up` (scripts/services.sh up), or set OUTBOX_CDC_POSTGRES and OUTBOX_CDC_BROKERS"
+
+// RepoRoot returns the repository's root directory (the one holding go.mod).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("testenv: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// lookup returns a setting from the environment, else from .dev/env.
+func lookup(t testing.TB, key string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	f, err := os.Open(filepath.Join(RepoRoot(t), ".dev", "env"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+		if ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+func requireIntegration(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: skipped under -short")
+	}
+}
+
+// PostgresURL returns the router role's URL after checking that the server answers.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	requireIntegration(t)
+	url := lookup(t, "OUTBOX_CDC_POSTGRES")
+	if url == "" {
+		t.Fatalf("OUTBOX_CDC_POSTGRES is not set and .dev/env is missing: %s", startHint)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("PostgreSQL is not reachable (%v): %s", err, startHint)
+	}
+	_ = conn.Close(ctx)
+	return url
+}
+
+// AdminURL returns a superuser URL for the test database.
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	PostgresURL(t)
+	url := lookup(t, "OUTBOX_CDC_TEST_ADMIN_POSTGRES")
+	if url == "" {
+		t.Fatalf("OUTBOX_CDC_TEST_ADMIN_POSTGRES is not set and .dev/env is missing: %s", startHint)
+	}
+	return url
+}
+
+// Brokers returns the Kafka seed brokers after checking that one answers.
+func Brokers(t testing.TB) []string {
+	t.Helper()
+	requireIntegration(t)
+	v := lookup(t, "OUTBOX_CDC_BROKERS")
+	if v == "" {
+		t.Fatalf("OUTBOX_CDC_BROKERS is not set and .dev/env is missing: %s", startHint)
+	}
+	brokers := strings.Split(v, ",")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pingErr error
+	for ctx.Err() == nil {
+		if pingErr = cl.Ping(ctx); pingErr == nil {
+			return brokers
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("Kafka is not reachable at %s (%v): %s", v, pingErr, startHint)
+	return nil
+}
+
+// Fixture is one test's private outbox: table, publication, slot and topic prefix, removed at the
+// end of the test.
+type Fixture struct {
+	// PostgresURL is the router role's URL; AdminURL a superuser's.
+	PostgresURL, AdminURL string
+	// Brokers are the Kafka seed brokers.
+	Brokers []string
+	// Table (public.<name>), Publication and Slot are the test's own.
+	Table, Publication, Slot string
+	// TopicPrefix starts every topic name the test routes to.
+	TopicPrefix string
+	// DB is a connection of the router role for writing rows.
+	DB *pgx.Conn
+}
+
+// NewFixture creates the test's outbox table from sql/outbox.sql (with its own names) and its
+// publication; the slot is created by the router. Everything is dropped when the test ends.
+func NewFixture(t testing.TB) *Fixture {
+	t.Helper()
+	f := &Fixture{PostgresURL: PostgresURL(t), AdminURL: AdminURL(t), Brokers: Brokers(t)}
+	id := fmt.Sprintf("%s_%04x", sanitize(t.Name()), rand.IntN(0xffff))
+	f.Table = "public.ob_" + id
+	f.Publication = "pub_" + id
+	f.Slot = "slot_" + id
+	f.TopicPrefix = "t." + strings.ReplaceAll(id, "_", "-")
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, f.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.DB = db
+	script, err := os.ReadFile(filepath.Join(RepoRoot(t), "sql", "outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql := strings.ReplaceAll(string(script), "public.outbox", f.Table)
+	sql = strings.ReplaceAll(sql, "'outbox_cdc'", "'"+f.Publication+"'")
+	sql = strings.ReplaceAll(sql, "PUBLICATION outbox_cdc", "PUBLICATION "+f.Publication)
+	if _, err := db.Exec(ctx, sql); err != nil {
+		t.Fatalf("apply sql/outbox.sql: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, f.AdminURL)
+		if err == nil {
+			// Terminate a walsender still holding the slot, then drop it: a left-over slot pins WAL.
+			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.Slot)
+			for i := 0; i < 50; i++ {
+				_, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, f.Slot)
+				if err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			_, _ = admin.Exec(ctx, "DROP PUBLICATION IF EXISTS "+f.Publication)
+			_, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+f.Table)
+			_ = admin.Close(ctx)
+		}
+		_ = db.Close(ctx)
+	})
+	return f
+}
+
+func sanitize(name string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('_')
+		}
+	}
+	s := b.String()
+	if len(s) > 30 {
+		s = s[len(s)-30:]
+	}
+	return strings.Trim(s, "_")
+}
+
+// ConfirmedFlushLSN returns the slot's confirmed_flush_lsn as text, or "" when the slot is missing.
+func (f *Fixture) ConfirmedFlushLSN(t testing.TB) string {
+	t.Helper()
+	var lsn *string
+	err := f.DB.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, f.Slot).Scan(&lsn)
+	if err != nil && err != pgx.ErrNoRows {
+		t.Fatalf("read confirmed_flush_lsn: %v", err)
+	}
+	if lsn == nil {
+		return ""
+	}
+	return *lsn
+}
+
+// Consume reads records of topics from the beginning until want records arrived or timeout passed.
+func Consume(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	return ConsumeUntil(t, brokers, topics, func(recs []*kgo.Record) bool { return len(recs) >= want }, timeout)
+}
+
+// ConsumeDistinct reads records of topics from the beginning until want distinct event_id headers
+// arrived or timeout passed, then reads for one more second to catch trailing duplicates.
+func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	seen := map[string]bool{}
+	counted := 0
+	var doneAt time.Time
+	return ConsumeUntil(t, brokers, topics, func(recs []*kgo.Record) bool {
+		for _, r := range recs[counted:] {
+			seen[Header(r, "event_id")] = true
+		}
+		counted = len(recs)
+		if len(seen) >= want && doneAt.IsZero() {
+			doneAt = time.Now()
+		}
+		return !doneAt.IsZero() && time.Since(doneAt) > time.Second
+	}, timeout)
+}
+
+// ConsumeUntil reads records of topics from the beginning until done says so or timeout passed.
+func ConsumeUntil(t testing.TB, brokers []string, topics []string, done func([]*kgo.Record) bool, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []*kgo.Record
+	for !done(out) && ctx.Err() == nil {
+		pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		fetches := cl.PollFetches(pctx)
+		pcancel()
+		fetches.EachError(func(topic string, p int32, err error) {
+			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				t.Logf("consume %s/%d: %v", topic, p, err)
+			}
+		})
+		fetches.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+// Header returns the value of a record's header.
+func Header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

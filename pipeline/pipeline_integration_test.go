@@ -1,0 +1,265 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// TestTenThousandEventsInCommitOrder writes 10,000 events over 50 aggregates in transactions of 1-50
+// rows and checks that every one arrives on its topic with the right key, value and headers, and per
+// aggregate in commit order.
+func TestTenThousandEventsInCommitOrder(t *testing.T) {
+	f := testenv.NewFixture(t)
+	types := []string{"OrderCreated", "OrderPaid", "OrderShipped"}
+	run := startPipeline(t, testConfig(f))
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	gen := newGenerator(50, types...)
+	var all []event
+	ctx := context.Background()
+	for len(all) < 10000 {
+		n := min(1+rng.IntN(50), 10000-len(all))
+		evs := make([]event, n)
+		for i := range evs {
+			evs[i] = gen.event(rng.IntN(50))
+		}
+		// Every third transaction deletes its rows again, as applications do to keep the outbox empty.
+		if err := insertTx(ctx, f.DB, f.Table, evs, rng.IntN(3) == 0); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, evs...)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, types...), len(all), 2*time.Minute)
+	dups := verifyDelivery(t, f, all, got)
+	t.Logf("%d events delivered, %d duplicates", len(all), dups)
+	if err := run.stop(); err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+	if run.p.Router.Produced.Load() < int64(len(all)) {
+		t.Errorf("router counted %d produced, want at least %d", run.p.Router.Produced.Load(), len(all))
+	}
+}
+
+// TestInsertAndDeleteInOneTransaction: rows deleted by the transaction that inserted them are still
+// delivered, because the WAL carries the insert.
+func TestInsertAndDeleteInOneTransaction(t *testing.T) {
+	f := testenv.NewFixture(t)
+	startPipeline(t, testConfig(f))
+	gen := newGenerator(3, "ItemReserved")
+	var all []event
+	for i := 0; i < 20; i++ {
+		evs := []event{gen.event(i), gen.event(i + 1)}
+		if err := insertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, evs...)
+	}
+	var left int
+	if err := f.DB.QueryRow(context.Background(), "SELECT count(*) FROM "+f.Table).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("outbox holds %d rows, want 0", left)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "ItemReserved"), len(all), time.Minute)
+	verifyDelivery(t, f, all, got)
+}
+
+// TestGracefulStopConfirmsAcknowledged: after a graceful stop the slot's confirmed_flush_lsn covers the
+// last transaction, so a restart delivers nothing again.
+func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
+	f := testenv.NewFixture(t)
+	run := startPipeline(t, testConfig(f))
+	gen := newGenerator(2, "Ping")
+	evs := []event{gen.event(0), gen.event(1)}
+	if err := insertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
+		t.Fatal(err)
+	}
+	var afterCommit string
+	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&afterCommit); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Ping"), len(evs), time.Minute)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	confirmed := mustLSN(t, f.ConfirmedFlushLSN(t))
+	if confirmed < mustLSN(t, afterCommit) {
+		t.Fatalf("confirmed_flush_lsn %s is behind the last commit (wal was at %s after it)", confirmed, afterCommit)
+	}
+	// A restart must not deliver the events again.
+	again := startPipeline(t, testConfig(f))
+	time.Sleep(3 * time.Second)
+	if n := again.p.Router.Produced.Load(); n != 0 {
+		t.Fatalf("restart after a graceful stop produced %d records again", n)
+	}
+}
+
+// TestIdleOutboxDoesNotPinWAL writes 50 MB to another table while the outbox is idle; the slot's
+// confirmed_flush_lsn must pass those writes within 15 seconds.
+func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
+	f := testenv.NewFixture(t)
+	startPipeline(t, testConfig(f))
+	ctx := context.Background()
+
+	other := strings.Replace(f.Table, "ob_", "busy_", 1)
+	if _, err := f.DB.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, filler text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+other) })
+	// 50 transactions of about 1 MB each.
+	for i := 0; i < 50; i++ {
+		if _, err := f.DB.Exec(ctx, "INSERT INTO "+other+" (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 1000) g"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var target string
+	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	want := mustLSN(t, target)
+	waitFor(t, 15*time.Second, "confirmed_flush_lsn to pass "+target, func() bool {
+		return mustLSN(t, f.ConfirmedFlushLSN(t)) >= want
+	})
+	t.Logf("confirmed_flush_lsn passed %s after %s", target, time.Since(start).Round(time.Millisecond))
+}
+
+// TestAlterTableUnderLoad adds a column to the outbox while events are written; nothing is lost.
+func TestAlterTableUnderLoad(t *testing.T) {
+	f := testenv.NewFixture(t)
+	startPipeline(t, testConfig(f))
+	ctx := context.Background()
+	gen := newGenerator(10, "StockChanged")
+	var all []event
+	for i := 0; i < 300; i++ {
+		if i == 150 {
+			if _, err := f.DB.Exec(ctx, "ALTER TABLE "+f.Table+" ADD COLUMN tenant text DEFAULT 'acme'"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		evs := []event{gen.event(i), gen.event(i * 7)}
+		if err := insertTx(ctx, f.DB, f.Table, evs, i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, evs...)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "StockChanged"), len(all), time.Minute)
+	verifyDelivery(t, f, all, got)
+}
+
+// TestPoisonRowGoesToDLQ: a payload over the maximum message size lands in the dead-letter topic
+// with its reason, and the rows around it are delivered in order.
+func TestPoisonRowGoesToDLQ(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
+	startPipeline(t, cfg)
+	ctx := context.Background()
+	gen := newGenerator(1, "Big")
+	before, poison, after := gen.event(0), gen.event(0), gen.event(0)
+	poison.Payload = `{"blob": "` + strings.Repeat("x", 1_500_000) + `"}`
+	for _, e := range []event{before, poison, after} {
+		if err := insertTx(ctx, f.DB, f.Table, []event{e}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Big"), 2, time.Minute)
+	verifyDelivery(t, f, []event{before, after}, got)
+
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute)
+	if len(dlq) != 1 {
+		t.Fatalf("dead-letter topic holds %d records, want 1", len(dlq))
+	}
+	d := dlq[0]
+	if id := testenv.Header(d, "event_id"); id != poison.ID {
+		t.Errorf("dead-letter record is event %s, want %s", id, poison.ID)
+	}
+	if reason := testenv.Header(d, router.HeaderDLQReason); !strings.Contains(reason, "max_message_bytes") {
+		t.Errorf("dead-letter reason %q does not name the size limit", reason)
+	}
+	if testenv.Header(d, router.HeaderDLQSourceLSN) == "" || testenv.Header(d, router.HeaderDLQTime) == "" {
+		t.Errorf("dead-letter record lacks source LSN or time headers: %v", d.Headers)
+	}
+	if string(d.Key) != poison.AggID {
+		t.Errorf("dead-letter key %q, want %q", d.Key, poison.AggID)
+	}
+}
+
+// TestPoisonRowWithoutDLQStops: with no dead-letter topic, an undeliverable row stops the pipeline
+// with an error naming the event, and the slot does not move past it.
+func TestPoisonRowWithoutDLQStops(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gen := newGenerator(1, "Bad")
+	good, bad := gen.event(0), gen.event(0)
+	bad.AggID = "" // the Kafka key may not be empty
+	done := make(chan error, 1)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { done <- p.Run(runCtx) }()
+	waitFor(t, 30*time.Second, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+	if err := insertTx(ctx, f.DB, f.Table, []event{good}, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Bad"), 1, time.Minute)
+	var beforeBad string
+	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&beforeBad); err != nil {
+		t.Fatal(err)
+	}
+	if err := insertTx(ctx, f.DB, f.Table, []event{bad}, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		var undeliverable *router.UndeliverableError
+		if !errors.As(err, &undeliverable) || undeliverable.EventID != bad.ID {
+			t.Fatalf("pipeline returned %v, want an UndeliverableError naming %s", err, bad.ID)
+		}
+		if !strings.Contains(err.Error(), bad.ID) {
+			t.Fatalf("error %q does not name the event", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("pipeline did not stop on an undeliverable row")
+	}
+	if c := mustLSN(t, f.ConfirmedFlushLSN(t)); c > mustLSN(t, beforeBad) {
+		t.Fatalf("slot confirmed %s, past the undeliverable row's transaction (which began after %s)", c, beforeBad)
+	}
+}
+
+func mustLSN(t testing.TB, s string) pglogrepl.LSN {
+	t.Helper()
+	if s == "" {
+		return 0
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatalf("parse LSN %q: %v", s, err)
+	}
+	return lsn
+}
+
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
