@@ -192,6 +192,7 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 		case <-streamCtx.Done():
 		}
 	}()
+	go p.reportStalls(streamCtx, tracker)
 	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
 	if rerr := rt.Err(); rerr != nil {
 		runErr = rerr
@@ -209,6 +210,34 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 		return nil
 	}
 	return runErr
+}
+
+// stallAfter is how long the watermark may stand still with records in flight before the pipeline
+// says so.
+const stallAfter = 30 * time.Second
+
+// reportStalls logs, at most every stallAfter, that Kafka has not acknowledged records for a while:
+// the one line an operator needs while a broker is away (the client retries without limit).
+func (p *Pipeline) reportStalls(ctx context.Context, tr *checkpoint.Tracker) {
+	tick := time.NewTicker(stallAfter)
+	defer tick.Stop()
+	last := tr.Stats().Watermark
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		st := tr.Stats()
+		stalled := st.PendingRecords > 0 && st.Watermark == last
+		last = st.Watermark
+		if stalled {
+			p.log.Warn("waiting for Kafka to acknowledge; the slot holds the backlog meanwhile",
+				"unacknowledged_records", st.PendingRecords, "open_transactions", st.OpenTransactions,
+				"oldest_commit_age", time.Since(st.OldestCommitTime).Round(time.Second).String(),
+				"confirmed_lsn", st.Watermark.String())
+		}
+	}
 }
 
 // drain waits, bounded by the shutdown timeout, for in-flight records to be acknowledged.

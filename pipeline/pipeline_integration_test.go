@@ -5,10 +5,11 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -23,23 +24,23 @@ func TestTenThousandEventsInCommitOrder(t *testing.T) {
 	run := startPipeline(t, testConfig(f))
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	gen := newGenerator(50, types...)
-	var all []event
+	gen := testenv.NewGenerator(50, types...)
+	var all []testenv.Event
 	ctx := context.Background()
 	for len(all) < 10000 {
 		n := min(1+rng.IntN(50), 10000-len(all))
-		evs := make([]event, n)
+		evs := make([]testenv.Event, n)
 		for i := range evs {
-			evs[i] = gen.event(rng.IntN(50))
+			evs[i] = gen.Event(rng.IntN(50))
 		}
 		// Every third transaction deletes its rows again, as applications do to keep the outbox empty.
-		if err := insertTx(ctx, f.DB, f.Table, evs, rng.IntN(3) == 0); err != nil {
+		if err := testenv.InsertTx(ctx, f.DB, f.Table, evs, rng.IntN(3) == 0); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, evs...)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, types...), len(all), 2*time.Minute)
-	dups := verifyDelivery(t, f, all, got)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, types...), len(all), 2*time.Minute)
+	dups := testenv.VerifyDelivery(t, f, all, got)
 	t.Logf("%d events delivered, %d duplicates", len(all), dups)
 	if err := run.stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
@@ -54,11 +55,11 @@ func TestTenThousandEventsInCommitOrder(t *testing.T) {
 func TestInsertAndDeleteInOneTransaction(t *testing.T) {
 	f := testenv.NewFixture(t)
 	startPipeline(t, testConfig(f))
-	gen := newGenerator(3, "ItemReserved")
-	var all []event
+	gen := testenv.NewGenerator(3, "ItemReserved")
+	var all []testenv.Event
 	for i := 0; i < 20; i++ {
-		evs := []event{gen.event(i), gen.event(i + 1)}
-		if err := insertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
+		evs := []testenv.Event{gen.Event(i), gen.Event(i + 1)}
+		if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, evs...)
@@ -70,8 +71,8 @@ func TestInsertAndDeleteInOneTransaction(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("outbox holds %d rows, want 0", left)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "ItemReserved"), len(all), time.Minute)
-	verifyDelivery(t, f, all, got)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "ItemReserved"), len(all), time.Minute)
+	testenv.VerifyDelivery(t, f, all, got)
 }
 
 // TestGracefulStopConfirmsAcknowledged: after a graceful stop the slot's confirmed_flush_lsn covers the
@@ -79,21 +80,21 @@ func TestInsertAndDeleteInOneTransaction(t *testing.T) {
 func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 	f := testenv.NewFixture(t)
 	run := startPipeline(t, testConfig(f))
-	gen := newGenerator(2, "Ping")
-	evs := []event{gen.event(0), gen.event(1)}
-	if err := insertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
+	gen := testenv.NewGenerator(2, "Ping")
+	evs := []testenv.Event{gen.Event(0), gen.Event(1)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
 		t.Fatal(err)
 	}
 	var afterCommit string
 	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&afterCommit); err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Ping"), len(evs), time.Minute)
+	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Ping"), len(evs), time.Minute)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	confirmed := mustLSN(t, f.ConfirmedFlushLSN(t))
-	if confirmed < mustLSN(t, afterCommit) {
+	confirmed := testenv.MustLSN(t, f.ConfirmedFlushLSN(t))
+	if confirmed < testenv.MustLSN(t, afterCommit) {
 		t.Fatalf("confirmed_flush_lsn %s is behind the last commit (wal was at %s after it)", confirmed, afterCommit)
 	}
 	// A restart must not deliver the events again.
@@ -127,9 +128,9 @@ func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	want := mustLSN(t, target)
-	waitFor(t, 15*time.Second, "confirmed_flush_lsn to pass "+target, func() bool {
-		return mustLSN(t, f.ConfirmedFlushLSN(t)) >= want
+	want := testenv.MustLSN(t, target)
+	testenv.WaitFor(t, 15*time.Second, "confirmed_flush_lsn to pass "+target, func() bool {
+		return testenv.MustLSN(t, f.ConfirmedFlushLSN(t)) >= want
 	})
 	t.Logf("confirmed_flush_lsn passed %s after %s", target, time.Since(start).Round(time.Millisecond))
 }
@@ -139,22 +140,22 @@ func TestAlterTableUnderLoad(t *testing.T) {
 	f := testenv.NewFixture(t)
 	startPipeline(t, testConfig(f))
 	ctx := context.Background()
-	gen := newGenerator(10, "StockChanged")
-	var all []event
+	gen := testenv.NewGenerator(10, "StockChanged")
+	var all []testenv.Event
 	for i := 0; i < 300; i++ {
 		if i == 150 {
 			if _, err := f.DB.Exec(ctx, "ALTER TABLE "+f.Table+" ADD COLUMN tenant text DEFAULT 'acme'"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		evs := []event{gen.event(i), gen.event(i * 7)}
-		if err := insertTx(ctx, f.DB, f.Table, evs, i%2 == 0); err != nil {
+		evs := []testenv.Event{gen.Event(i), gen.Event(i * 7)}
+		if err := testenv.InsertTx(ctx, f.DB, f.Table, evs, i%2 == 0); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, evs...)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "StockChanged"), len(all), time.Minute)
-	verifyDelivery(t, f, all, got)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "StockChanged"), len(all), time.Minute)
+	testenv.VerifyDelivery(t, f, all, got)
 }
 
 // TestPoisonRowGoesToDLQ: a payload over the maximum message size lands in the dead-letter topic
@@ -165,16 +166,16 @@ func TestPoisonRowGoesToDLQ(t *testing.T) {
 	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
 	startPipeline(t, cfg)
 	ctx := context.Background()
-	gen := newGenerator(1, "Big")
-	before, poison, after := gen.event(0), gen.event(0), gen.event(0)
+	gen := testenv.NewGenerator(1, "Big")
+	before, poison, after := gen.Event(0), gen.Event(0), gen.Event(0)
 	poison.Payload = `{"blob": "` + strings.Repeat("x", 1_500_000) + `"}`
-	for _, e := range []event{before, poison, after} {
-		if err := insertTx(ctx, f.DB, f.Table, []event{e}, true); err != nil {
+	for _, e := range []testenv.Event{before, poison, after} {
+		if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{e}, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Big"), 2, time.Minute)
-	verifyDelivery(t, f, []event{before, after}, got)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Big"), 2, time.Minute)
+	testenv.VerifyDelivery(t, f, []testenv.Event{before, after}, got)
 
 	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute)
 	if len(dlq) != 1 {
@@ -205,23 +206,23 @@ func TestPoisonRowWithoutDLQStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	gen := newGenerator(1, "Bad")
-	good, bad := gen.event(0), gen.event(0)
+	gen := testenv.NewGenerator(1, "Bad")
+	good, bad := gen.Event(0), gen.Event(0)
 	bad.AggID = "" // the Kafka key may not be empty
 	done := make(chan error, 1)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { done <- p.Run(runCtx) }()
-	waitFor(t, 30*time.Second, "pipeline streaming", func() bool { return p.State() == StateStreaming })
-	if err := insertTx(ctx, f.DB, f.Table, []event{good}, false); err != nil {
+	testenv.WaitFor(t, 30*time.Second, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{good}, false); err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumeDistinct(t, f.Brokers, topicsOf(f, "Bad"), 1, time.Minute)
+	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Bad"), 1, time.Minute)
 	var beforeBad string
 	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&beforeBad); err != nil {
 		t.Fatal(err)
 	}
-	if err := insertTx(ctx, f.DB, f.Table, []event{bad}, false); err != nil {
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{bad}, false); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -236,30 +237,78 @@ func TestPoisonRowWithoutDLQStops(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("pipeline did not stop on an undeliverable row")
 	}
-	if c := mustLSN(t, f.ConfirmedFlushLSN(t)); c > mustLSN(t, beforeBad) {
+	if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > testenv.MustLSN(t, beforeBad) {
 		t.Fatalf("slot confirmed %s, past the undeliverable row's transaction (which began after %s)", c, beforeBad)
 	}
 }
 
-func mustLSN(t testing.TB, s string) pglogrepl.LSN {
-	t.Helper()
-	if s == "" {
-		return 0
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatalf("parse LSN %q: %v", s, err)
-	}
-	return lsn
-}
+// TestBrokerOutageUnderLoad stops the broker for 20 s while events are written: the slot's
+// confirmed_flush_lsn must never pass what was acknowledged before the broker went away, and every
+// event arrives once it is back.
+func TestBrokerOutageUnderLoad(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Limits.MaxInFlightRecords = 2000
+	startPipeline(t, cfg)
+	ctx := context.Background()
 
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	var mu sync.Mutex
+	var all []testenv.Event
+	stopWriter := make(chan struct{})
+	writerDone := make(chan error, 1)
+	go func() {
+		gen := testenv.NewGenerator(20, "Payment")
+		db, err := pgx.Connect(ctx, f.PostgresURL)
+		if err != nil {
+			writerDone <- err
+			return
 		}
-		time.Sleep(100 * time.Millisecond)
+		defer db.Close(ctx)
+		for i := 0; ; i++ {
+			select {
+			case <-stopWriter:
+				writerDone <- nil
+				return
+			default:
+			}
+			evs := []testenv.Event{gen.Event(i), gen.Event(i + 3), gen.Event(i + 7)}
+			if err := testenv.InsertTx(ctx, db, f.Table, evs, true); err != nil {
+				writerDone <- err
+				return
+			}
+			mu.Lock()
+			all = append(all, evs...)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	time.Sleep(3 * time.Second)
+	testenv.StopKafka(t)
+	var stopLSN string
+	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&stopLSN); err != nil {
+		t.Fatal(err)
 	}
+	limit := testenv.MustLSN(t, stopLSN)
+	outageEnd := time.Now().Add(20 * time.Second)
+	samples := 0
+	for time.Now().Before(outageEnd) {
+		if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > limit {
+			t.Fatalf("confirmed_flush_lsn %s passed %s, the WAL position when the broker had stopped", c, limit)
+		}
+		samples++
+		time.Sleep(250 * time.Millisecond)
+	}
+	testenv.StartKafka(t)
+	time.Sleep(3 * time.Second)
+	close(stopWriter)
+	if err := <-writerDone; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	mu.Lock()
+	want := append([]testenv.Event(nil), all...)
+	mu.Unlock()
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Payment"), len(want), 3*time.Minute)
+	dups := testenv.VerifyDelivery(t, f, want, got)
+	t.Logf("%d events written, outage checked by %d samples, %d duplicates", len(want), samples, dups)
 }

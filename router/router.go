@@ -316,10 +316,11 @@ func (r *Router) Close() {
 	r.client.Close()
 }
 
-// kgoLogger sends franz-go's warnings and errors to slog.
+// kgoLogger sends franz-go's errors to slog. Its warnings repeat every second while a broker is
+// down; the pipeline reports a stall once in a while instead.
 type kgoLogger struct{ l *slog.Logger }
 
-func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelError }
 
 func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	lvl := slog.LevelWarn

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -278,4 +279,27 @@ func Header(r *kgo.Record, key string) string {
 		}
 	}
 	return ""
+}
+
+// services runs scripts/services.sh with one command (kafka-stop, kafka-start).
+func services(t testing.TB, command string) {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(RepoRoot(t), "scripts", "services.sh"), command)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("scripts/services.sh %s: %v\n%s", command, err, out)
+	}
+}
+
+// StopKafka stops the local broker started by `make up`; the test's cleanup starts it again.
+func StopKafka(t testing.TB) {
+	t.Helper()
+	t.Cleanup(func() { services(t, "kafka-start") })
+	services(t, "kafka-stop")
+}
+
+// StartKafka starts the local broker again.
+func StartKafka(t testing.TB) {
+	t.Helper()
+	services(t, "kafka-start")
 }

@@ -1,0 +1,229 @@
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Event is one outbox row written by a test.
+type Event struct {
+	ID       string
+	Type     string
+	AggType  string
+	AggID    string
+	Version  int64
+	Payload  string
+	Headers  string // JSON object or ""
+	TxNumber int
+}
+
+// Generator hands out events with per-aggregate increasing versions.
+type Generator struct {
+	types    []string
+	aggs     int
+	versions map[string]int64
+	next     int
+}
+
+// NewGenerator returns a generator over aggs aggregates and the given event types.
+func NewGenerator(aggs int, types ...string) *Generator {
+	return &Generator{types: types, aggs: aggs, versions: map[string]int64{}}
+}
+
+// Event returns the next event, for aggregate pick modulo the aggregate count.
+func (g *Generator) Event(pick int) Event {
+	g.next++
+	agg := fmt.Sprintf("agg-%d", pick%g.aggs)
+	g.versions[agg]++
+	return Event{
+		ID:      NewUUID(),
+		Type:    g.types[g.next%len(g.types)],
+		AggType: "order",
+		AggID:   agg,
+		Version: g.versions[agg],
+		Payload: fmt.Sprintf(`{"n": %d, "agg": %q}`, g.next, agg),
+		Headers: fmt.Sprintf(`{"traceparent": "00-%032x-%016x-01", "attempt": 1}`, g.next, g.next),
+	}
+}
+
+// InsertTx writes events in one transaction; with deleteAfter the rows are deleted in the same
+// transaction, the way applications keep the outbox empty.
+func InsertTx(ctx context.Context, db *pgx.Conn, table string, evs []Event, deleteAfter bool) error {
+	ids := make([]string, len(evs))
+	types := make([]string, len(evs))
+	aggTypes := make([]string, len(evs))
+	aggIDs := make([]string, len(evs))
+	versions := make([]int64, len(evs))
+	payloads := make([]string, len(evs))
+	headers := make([]*string, len(evs))
+	for i, e := range evs {
+		ids[i], types[i], aggTypes[i], aggIDs[i], versions[i], payloads[i] = e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload
+		if e.Headers != "" {
+			h := e.Headers
+			headers[i] = &h
+		}
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
+		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[], $7::jsonb[])`,
+		ids, types, aggTypes, aggIDs, versions, payloads, headers)
+	if err != nil {
+		return fmt.Errorf("insert: %w", err)
+	}
+	if deleteAfter {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE event_id = ANY($1::uuid[])`, ids); err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// TopicsOf returns the topics the fixture's events route to.
+func TopicsOf(f *Fixture, types ...string) []string {
+	out := make([]string, len(types))
+	for i, ty := range types {
+		out[i] = f.TopicPrefix + "." + ty
+	}
+	return out
+}
+
+// VerifyDelivery checks that every event arrived on its topic with the right key, value and headers,
+// and that per topic and key the first occurrences are in version order. It returns the number of
+// duplicate deliveries.
+func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (duplicates int) {
+	t.Helper()
+	byID := make(map[string]Event, len(want))
+	for _, e := range want {
+		byID[e.ID] = e
+	}
+	seen := make(map[string]bool, len(want))
+	// Records of one partition arrive in offset order from the consumer; sort to be sure.
+	sort.SliceStable(got, func(i, j int) bool {
+		if got[i].Topic != got[j].Topic {
+			return got[i].Topic < got[j].Topic
+		}
+		if got[i].Partition != got[j].Partition {
+			return got[i].Partition < got[j].Partition
+		}
+		return got[i].Offset < got[j].Offset
+	})
+	lastVersion := map[string]int64{} // topic|key -> version
+	for _, r := range got {
+		id := Header(r, "event_id")
+		e, ok := byID[id]
+		if !ok {
+			t.Errorf("unexpected record on %s with event_id %q", r.Topic, id)
+			continue
+		}
+		if seen[id] {
+			duplicates++
+			continue
+		}
+		seen[id] = true
+		if wantTopic := f.TopicPrefix + "." + e.Type; r.Topic != wantTopic {
+			t.Errorf("event %s on topic %s, want %s", id, r.Topic, wantTopic)
+		}
+		if string(r.Key) != e.AggID {
+			t.Errorf("event %s key %q, want %q", id, r.Key, e.AggID)
+		}
+		if !SameJSON(r.Value, []byte(e.Payload)) {
+			t.Errorf("event %s value %s, want %s", id, r.Value, e.Payload)
+		}
+		if h := Header(r, "event_type"); h != e.Type {
+			t.Errorf("event %s header event_type %q, want %q", id, h, e.Type)
+		}
+		if h := Header(r, "aggregate_type"); h != e.AggType {
+			t.Errorf("event %s header aggregate_type %q, want %q", id, h, e.AggType)
+		}
+		if h := Header(r, "aggregate_version"); h != fmt.Sprint(e.Version) {
+			t.Errorf("event %s header aggregate_version %q, want %d", id, h, e.Version)
+		}
+		if h := Header(r, "created_at"); !strings.HasSuffix(h, "Z") {
+			t.Errorf("event %s header created_at %q is not RFC 3339 UTC", id, h)
+		}
+		if e.Headers != "" {
+			var hs map[string]any
+			_ = json.Unmarshal([]byte(e.Headers), &hs)
+			if tp, _ := hs["traceparent"].(string); Header(r, "traceparent") != tp {
+				t.Errorf("event %s header traceparent %q, want %q", id, Header(r, "traceparent"), tp)
+			}
+		}
+		k := r.Topic + "|" + string(r.Key)
+		if e.Version <= lastVersion[k] {
+			t.Errorf("per-aggregate order broken on %s key %s: version %d after %d", r.Topic, r.Key, e.Version, lastVersion[k])
+		}
+		lastVersion[k] = e.Version
+	}
+	missing := 0
+	for _, e := range want {
+		if !seen[e.ID] {
+			missing++
+			if missing <= 5 {
+				t.Errorf("event %s (%s, %s v%d) never arrived", e.ID, e.Type, e.AggID, e.Version)
+			}
+		}
+	}
+	if missing > 0 {
+		t.Errorf("%d of %d events missing", missing, len(want))
+	}
+	return duplicates
+}
+
+// SameJSON reports whether a and b hold equal JSON values.
+func SameJSON(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return string(xa) == string(ya)
+}
+
+// NewUUID returns a random (version 4) UUID.
+func NewUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// MustLSN parses a PostgreSQL LSN; "" is 0.
+func MustLSN(t testing.TB, s string) pglogrepl.LSN {
+	t.Helper()
+	if s == "" {
+		return 0
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatalf("parse LSN %q: %v", s, err)
+	}
+	return lsn
+}
+
+// WaitFor polls cond every 100 ms and fails the test if it is not true within timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
