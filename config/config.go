@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // Config is the whole configuration of the daemon. The yaml tags are the keys of the config file; the
@@ -178,8 +180,6 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
 // Validate checks the whole configuration and returns every problem, each naming its key.
 func (c *Config) Validate() error {
 	var errs []error
@@ -239,14 +239,14 @@ func (c *Config) Validate() error {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")
 	}
 	for et, topic := range c.Routing.Topics {
-		if !ValidTopic(topic) {
+		if !router.ValidTopic(topic) {
 			bad("routing.topics."+et, "%q is not a valid Kafka topic name", topic)
 		}
 	}
-	if c.Routing.FallbackTopic != "" && !ValidTopic(c.Routing.FallbackTopic) {
+	if c.Routing.FallbackTopic != "" && !router.ValidTopic(c.Routing.FallbackTopic) {
 		bad("routing.fallback_topic", "%q is not a valid Kafka topic name", c.Routing.FallbackTopic)
 	}
-	if c.Routing.DLQTopic != "" && !ValidTopic(c.Routing.DLQTopic) {
+	if c.Routing.DLQTopic != "" && !router.ValidTopic(c.Routing.DLQTopic) {
 		bad("routing.dlq_topic", "%q is not a valid Kafka topic name", c.Routing.DLQTopic)
 	}
 	if c.Limits.MaxInFlightRecords < 1 {
@@ -271,15 +271,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ValidTopic reports whether name is a legal Kafka topic name.
-func ValidTopic(name string) bool {
-	return topicRE.MatchString(name) && name != "." && name != ".."
-}
-
 // MaskURL returns u with any password replaced by "xxxxx", for logs and errors.
 func MaskURL(u string) string {
 	parsed, err := url.Parse(u)
-	if err != nil {
+	if err != nil || !strings.Contains(u, "://") {
 		// Not a URL: it may be a key=value DSN; mask a password=... pair.
 		return regexp.MustCompile(`(?i)(password=)\S+`).ReplaceAllString(u, "${1}xxxxx")
 	}

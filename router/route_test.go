@@ -1,0 +1,129 @@
+package router
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// mapRow is a Row backed by a map; a missing key is NULL.
+type mapRow map[string]string
+
+func (m mapRow) Value(col string) ([]byte, bool) {
+	v, ok := m[col]
+	if !ok {
+		return nil, false
+	}
+	return []byte(v), true
+}
+
+var defaultCols = Columns{
+	EventID: "event_id", EventType: "event_type", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
+	AggregateVersion: "aggregate_version", Payload: "payload", Headers: "headers", CreatedAt: "created_at",
+}
+
+func TestRulesTopic(t *testing.T) {
+	base := mapRow{"event_type": "OrderPaid", "aggregate_type": "order", "aggregate_id": "42", "tenant": "acme"}
+	tests := []struct {
+		name     string
+		template string
+		topics   map[string]string
+		fallback string
+		row      mapRow
+		want     string
+		wantErr  string
+	}{
+		{"default template", "{event_type}", nil, "", base, "OrderPaid", ""},
+		{"prefix and aggregate type", "outbox.{aggregate_type}", nil, "", base, "outbox.order", ""},
+		{"any column", "{tenant}.{event_type}", nil, "", base, "acme.OrderPaid", ""},
+		{"explicit map wins", "{event_type}", map[string]string{"OrderPaid": "payments"}, "", base, "payments", ""},
+		{"null template column, fallback", "{aggregate_type}.x", nil, "misc", mapRow{"event_type": "A"}, "misc", ""},
+		{"null template column, no fallback", "{aggregate_type}.x", nil, "", mapRow{"event_type": "A"}, "", "aggregate_type is NULL"},
+		{"invalid name, fallback", "{event_type}", nil, "misc", mapRow{"event_type": "bad name"}, "misc", ""},
+		{"invalid name, no fallback", "{event_type}", nil, "", mapRow{"event_type": "bad/name"}, "", "not a valid Kafka topic"},
+		{"too long", "{event_type}", nil, "", mapRow{"event_type": strings.Repeat("a", 250)}, "", "not a valid Kafka topic"},
+		{"null event type", "{event_type}", nil, "misc", mapRow{}, "", "event type) is NULL or empty"},
+		{"empty event type", "{event_type}", nil, "misc", mapRow{"event_type": ""}, "", "event type) is NULL or empty"},
+		{"dot-dot", "{event_type}", nil, "", mapRow{"event_type": ".."}, "", "not a valid Kafka topic"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := NewRules(tt.template, tt.topics, tt.fallback, defaultCols)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.Topic(tt.row)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got %q, %v; want error containing %q", got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRulesUseConfiguredColumnNames(t *testing.T) {
+	cols := defaultCols
+	cols.EventType = "kind"
+	r, err := NewRules("{event_type}", nil, "", cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Topic(mapRow{"kind": "Shipped"}); err != nil || got != "Shipped" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+}
+
+func TestNewRulesRejectsBadTemplates(t *testing.T) {
+	for _, tmpl := range []string{"{}", "a.{event_type", "a}b"} {
+		if _, err := NewRules(tmpl, nil, "", defaultCols); err == nil {
+			t.Errorf("template %q accepted", tmpl)
+		}
+	}
+	if _, err := NewRules("{event_type}", map[string]string{"X": "bad topic"}, "", defaultCols); err == nil {
+		t.Error("invalid mapped topic accepted")
+	}
+}
+
+// TestTopicIsAlwaysValidOrUnroutable: whatever the column values, a routed topic is a valid name.
+func TestTopicIsAlwaysValidOrUnroutable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	alphabet := []rune("abcXYZ019._-/ {}ü")
+	r, err := NewRules("pre.{event_type}.{aggregate_type}", nil, "", defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	randStr := func() string {
+		n := rng.IntN(140)
+		b := make([]rune, n)
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	for i := 0; i < 20000; i++ {
+		row := mapRow{"event_type": randStr(), "aggregate_type": randStr()}
+		topic, err := r.Topic(row)
+		if err == nil && !ValidTopic(topic) {
+			t.Fatalf("row %v routed to invalid topic %q", row, topic)
+		}
+		if err != nil && topic != "" {
+			t.Fatalf("unroutable row returned topic %q", topic)
+		}
+	}
+}
+
+func TestValidTopic(t *testing.T) {
+	for name, want := range map[string]bool{
+		"orders": true, "a.b_c-D9": true, strings.Repeat("x", 249): true,
+		"": false, ".": false, "..": false, "a b": false, "a/b": false, strings.Repeat("x", 250): false, "ü": false,
+	} {
+		if got := ValidTopic(name); got != want {
+			t.Errorf("ValidTopic(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
