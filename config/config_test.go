@@ -139,3 +139,18 @@ func TestMaskURL(t *testing.T) {
 		}
 	}
 }
+
+// TestExampleConfigLoads keeps testdata/outbox-cdc.yaml (the README's reference) loadable.
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := Load("../testdata/outbox-cdc.yaml", env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Routing.DLQTopic != "outbox.dlq" || cfg.Routing.Topics["OrderPaid"] != "payments" {
+		t.Fatalf("example config not applied: %+v", cfg.Routing)
+	}
+	def := Default()
+	if cfg.Limits != def.Limits || cfg.Postgres.Columns != def.Postgres.Columns || cfg.Kafka.MaxMessageBytes != def.Kafka.MaxMessageBytes {
+		t.Fatal("testdata/outbox-cdc.yaml no longer shows the defaults")
+	}
+}
