@@ -312,3 +312,35 @@ func TestBrokerOutageUnderLoad(t *testing.T) {
 	dups := testenv.VerifyDelivery(t, f, want, got)
 	t.Logf("%d events written, outage checked by %d samples, %d duplicates", len(want), samples, dups)
 }
+
+// TestPayloadColumnTypes: json, text and bytea payload columns are forwarded as stored (bytea as its
+// raw bytes), like jsonb.
+func TestPayloadColumnTypes(t *testing.T) {
+	tests := []struct {
+		name, alter, insertExpr, want string
+	}{
+		{"json keeps its text", "json USING payload::json", `'{"b":1,  "a":2}'::json`, `{"b":1,  "a":2}`},
+		{"text", "text USING payload::text", `'plain text, not JSON'`, `plain text, not JSON`},
+		{"bytea raw bytes", "bytea USING convert_to(payload::text, 'UTF8')", `'\x00ff10'::bytea`, "\x00\xff\x10"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := testenv.NewFixture(t)
+			ctx := context.Background()
+			if _, err := f.DB.Exec(ctx, "ALTER TABLE "+f.Table+" ALTER COLUMN payload TYPE "+tt.alter); err != nil {
+				t.Fatal(err)
+			}
+			startPipeline(t, testConfig(f))
+			if _, err := f.DB.Exec(ctx, "INSERT INTO "+f.Table+" (event_id, event_type, aggregate_id, payload) VALUES (gen_random_uuid(), 'Typed', 'a1', "+tt.insertExpr+")"); err != nil {
+				t.Fatal(err)
+			}
+			got := testenv.Consume(t, f.Brokers, testenv.TopicsOf(f, "Typed"), 1, time.Minute)
+			if len(got) != 1 {
+				t.Fatalf("got %d records", len(got))
+			}
+			if string(got[0].Value) != tt.want {
+				t.Fatalf("value %q, want %q", got[0].Value, tt.want)
+			}
+		})
+	}
+}
