@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -36,13 +40,29 @@ Environment variables:
 				return err
 			}
 			log := newLogger(os.Stderr, cfg.Log)
-			p, err := pipeline.New(cfg, log)
+			m := metrics.New()
+			p, err := pipeline.New(cfg, log, pipeline.WithObserver(m))
 			if err != nil {
 				return err
 			}
+			m.Watch(p.Snapshot)
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			if cfg.Metrics.Addr != "" {
+				ln, err := net.Listen("tcp", cfg.Metrics.Addr)
+				if err != nil {
+					return fmt.Errorf("metrics.addr: %w", err)
+				}
+				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+				go func() {
+					if err := m.Serve(ctx, ln, p.Snapshot); err != nil {
+						log.Error("metrics endpoint stopped", "error", err.Error())
+					}
+				}()
+			}
 			log.Info("outbox-cdc starting", "version", version, "postgres", config.MaskURL(cfg.Postgres.URL),
 				"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
-			if err := p.Run(cmd.Context()); err != nil {
+			if err := p.Run(ctx); err != nil {
 				log.Error("outbox-cdc stopped", "error", err.Error())
 				return errExit
 			}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +64,7 @@ func routerEnv(f *testenv.Fixture) []string {
 		"OUTBOX_CDC_STATUS_INTERVAL=2s",
 		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms",
 		"OUTBOX_CDC_LOG_FORMAT=json",
+		"OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
 	)
 }
 
@@ -198,11 +201,17 @@ func TestKillDuringCopyLosesNothing(t *testing.T) {
 // over when the first is killed, and nothing written meanwhile is lost.
 func TestTwoRoutersOnOneSlot(t *testing.T) {
 	f := testenv.NewFixture(t)
-	env := routerEnv(f)
-	active := startRouter(t, env)
+	activeAddr, standbyAddr := freeAddr(t), freeAddr(t)
+	active := startRouter(t, append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+activeAddr))
 	active.waitLog(t, "streaming", 60*time.Second)
-	standby := startRouter(t, env)
+	standby := startRouter(t, append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+standbyAddr))
 	standby.waitLog(t, "hot standby", 60*time.Second)
+	if code, body := httpGet(t, activeAddr, "/readyz"); code != 200 {
+		t.Errorf("active /readyz = %d %q, want 200", code, body)
+	}
+	if code, body := httpGet(t, standbyAddr, "/readyz"); code != 503 || !strings.Contains(body, "standby") {
+		t.Errorf("standby /readyz = %d %q, want 503 saying standby", code, body)
+	}
 
 	ctx := context.Background()
 	gen := testenv.NewGenerator(10, "InventoryAdjusted")
@@ -226,6 +235,15 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "InventoryAdjusted"), len(all), 2*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, all, got)
 	t.Logf("%d events, %d duplicates after the takeover", len(all), dups)
+	if code, _ := httpGet(t, standbyAddr, "/readyz"); code != 200 {
+		t.Errorf("/readyz of the instance that took over = %d, want 200", code)
+	}
+	_, body := httpGet(t, standbyAddr, "/metrics")
+	for _, want := range []string{`outbox_cdc_role{role="active"} 1`, `outbox_cdc_events_produced_total{event_type="InventoryAdjusted"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics after the takeover lacks %s", want)
+		}
+	}
 }
 
 // TestSIGTERMStopsGracefully: SIGTERM makes the router confirm what Kafka acknowledged and exit 0.
@@ -274,4 +292,32 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if strings.Contains(string(out), "secret") {
 		t.Errorf("output leaks the password:\n%s", out)
 	}
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	var lastErr error
+	for i := 0; i < 50; i++ {
+		resp, err := http.Get("http://" + addr + path)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, string(body)
+		}
+		lastErr = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("GET %s%s: %v", addr, path, lastErr)
+	return 0, ""
 }

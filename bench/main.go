@@ -168,7 +168,7 @@ func once(pgURL, brokers string, events, payload, txRows int, binary string, n i
 	cmd := exec.Command(binary, "run")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+pgURL, "OUTBOX_CDC_BROKERS="+brokers,
 		"OUTBOX_CDC_TABLE="+table, "OUTBOX_CDC_SLOT="+slot, "OUTBOX_CDC_PUBLICATION="+pub,
-		"OUTBOX_CDC_TOPIC="+topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_STATUS_INTERVAL=1s")
+		"OUTBOX_CDC_TOPIC="+topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0", "OUTBOX_CDC_STATUS_INTERVAL=1s")
 	cmd.Stderr = os.Stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {

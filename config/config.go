@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
@@ -27,6 +28,7 @@ type Config struct {
 	Routing  Routing  `yaml:"routing"`
 	Limits   Limits   `yaml:"limits"`
 	Log      Log      `yaml:"log"`
+	Metrics  Metrics  `yaml:"metrics"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
@@ -114,6 +116,12 @@ type Log struct {
 	Format string `yaml:"format"`
 }
 
+// Metrics configures the HTTP endpoint for /metrics, /healthz and /readyz.
+type Metrics struct {
+	// Addr is host:port to listen on; empty disables the endpoint.
+	Addr string `yaml:"addr"`
+}
+
 // Default returns the configuration used where nothing else is said.
 func Default() Config {
 	return Config{
@@ -147,6 +155,7 @@ func Default() Config {
 		Routing:         Routing{Topic: "{event_type}"},
 		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
 		Log:             Log{Level: "info", Format: "auto"},
+		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -264,6 +273,11 @@ func (c *Config) Validate() error {
 	case "auto", "text", "json":
 	default:
 		bad("log.format", "must be auto, text or json, got %q", c.Log.Format)
+	}
+	if c.Metrics.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Addr); err != nil {
+			bad("metrics.addr", "must be host:port (empty disables), got %q", c.Metrics.Addr)
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)

@@ -31,7 +31,17 @@ type Pipeline struct {
 	// Router counts what the router delivered.
 	Router router.Counters
 
-	state atomic.Int32
+	state    atomic.Int32
+	obs      observed
+	observer router.Observer
+}
+
+// Option configures a Pipeline.
+type Option func(*Pipeline)
+
+// WithObserver has the router report every acknowledged record to o (for metrics).
+func WithObserver(o router.Observer) Option {
+	return func(p *Pipeline) { p.observer = o }
 }
 
 // State is what the pipeline is doing.
@@ -58,12 +68,16 @@ func (s State) String() string {
 func (p *Pipeline) State() State { return State(p.state.Load()) }
 
 // New validates what the configuration cannot check alone (the routing rules) and returns a pipeline.
-func New(cfg config.Config, log *slog.Logger) (*Pipeline, error) {
+func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error) {
 	rules, err := router.NewRules(cfg.Routing.Topic, cfg.Routing.Topics, cfg.Routing.FallbackTopic, columns(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
-	return &Pipeline{cfg: cfg, log: log, rules: rules}, nil
+	p := &Pipeline{cfg: cfg, log: log, rules: rules}
+	for _, o := range opts {
+		o(p)
+	}
+	return p, nil
 }
 
 func columns(cfg config.Config) router.Columns {
@@ -90,6 +104,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bo.RandomizationFactor = 0.5
 	standby := false
 	defer p.state.Store(int32(StateStopped))
+	monitorCtx, stopMonitor := context.WithCancel(ctx)
+	defer stopMonitor()
+	go p.pollSlot(monitorCtx)
 	for {
 		started := time.Now()
 		err := p.runOnce(ctx, &standby)
@@ -98,6 +115,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			return nil
 		}
 		if permanent(err) {
+			p.obs.countError(errorClass(err))
 			return err
 		}
 		var wait time.Duration
@@ -113,6 +131,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				bo.Reset() // it streamed for a while: this is a new failure, not the same one again
 			}
 			wait = bo.NextBackOff()
+			p.obs.countError(errorClass(err))
 			p.log.Warn("pipeline stopped; replaying from the slot after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
 		}
 		select {
@@ -162,16 +181,17 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
 		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,
 		MaxInFlightBytes: cfg.Limits.MaxInFlightBytes, Linger: cfg.Kafka.Linger, Logger: p.log, Counters: &p.Router,
+		Observer: p.observer,
 	})
 	if err != nil {
-		return err
+		return &kafkaError{err}
 	}
 	defer rt.Close()
 	pingCtx, cancelPing := context.WithTimeout(ctx, 30*time.Second)
 	err = rt.Ping(pingCtx)
 	cancelPing()
 	if err != nil {
-		return err
+		return &kafkaError{err}
 	}
 
 	if *standby {
@@ -179,6 +199,8 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 		*standby = false
 	}
 	tracker := checkpoint.NewTracker(stream.StartLSN())
+	p.obs.setTracker(tracker)
+	defer p.obs.setTracker(nil)
 	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
 		"table", cfg.Postgres.Table, "from_lsn", stream.StartLSN().String())
 
@@ -195,7 +217,7 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 	go p.reportStalls(streamCtx, tracker)
 	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
 	if rerr := rt.Err(); rerr != nil {
-		runErr = rerr
+		runErr = &kafkaError{rerr}
 	}
 	if ctx.Err() != nil && rt.Err() == nil {
 		p.drain(rt, tracker)
@@ -262,7 +284,7 @@ type handler struct {
 
 // Deliver implements replication.Handler.
 func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
-	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String()})
+	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String(), CommitTime: tx.CommitTime()})
 	if err != nil {
 		return err
 	}

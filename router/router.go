@@ -42,6 +42,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the router runs.
 	Counters *Counters
+	// Observer, if not nil, is told of every acknowledged record (for metrics).
+	Observer Observer
 	// ExtraOpts are appended to the franz-go options (tests use them to point at kfake).
 	ExtraOpts []kgo.Opt
 }
@@ -58,10 +60,23 @@ type Counters struct {
 	InFlightRecords, InFlightBytes atomic.Int64
 }
 
-// Source describes where a row came from, for dead-letter headers.
+// Observer is told of every acknowledged record. Its methods run on the producer's promise
+// goroutine and must not block.
+type Observer interface {
+	// Produced reports a record acknowledged on its topic: its size (key and value), the time from
+	// Produce to the acknowledgement, and the time from its transaction's commit to the acknowledgement.
+	Produced(topic, eventType string, bytes int, produceLatency, endToEnd time.Duration)
+	// DeadLettered reports a record acknowledged on the dead-letter topic, with the class of its
+	// reason: unroutable, too_large or rejected.
+	DeadLettered(eventType, class string)
+}
+
+// Source describes where a row came from, for dead-letter headers and latency metrics.
 type Source struct {
 	// LSN is the WAL position of the row, formatted as PostgreSQL does.
 	LSN string
+	// CommitTime is the commit time of the row's transaction.
+	CommitTime time.Time
 }
 
 // UndeliverableError is returned when a row can never be delivered and no dead-letter topic is set.
@@ -170,6 +185,7 @@ type Prepared struct {
 	size      int64
 	src       Source
 	dlqReason string // non-empty: the record goes to the dead-letter topic for this reason
+	dlqClass  string
 }
 
 // Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
@@ -184,10 +200,12 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if problem == nil {
 		rec.Topic, problem = r.opts.Rules.Topic(row)
 	}
+	class := "unroutable"
 	if problem == nil && recordSize(rec) > int(r.opts.MaxMessageBytes)-512 {
 		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", recordSize(rec), r.opts.MaxMessageBytes)}
+		class = "too_large"
 	}
-	p := &Prepared{rec: rec, src: src, size: int64(min(recordSize(rec), int(r.opts.MaxMessageBytes)))}
+	p := &Prepared{rec: rec, src: src, size: int64(min(recordSize(rec), int(r.opts.MaxMessageBytes))), dlqClass: class}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
 			err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: problem.Error()}
@@ -210,19 +228,29 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 // runs, so the slot never moves past the record.
 func (r *Router) Produce(p *Prepared, ack func()) {
 	if p.dlqReason != "" {
-		r.produceDLQ(p.rec, p.src, p.dlqReason, p.size, ack)
+		r.produceDLQ(p.rec, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
 	}
+	start := time.Now()
 	r.client.Produce(context.Background(), p.rec, func(rec *kgo.Record, err error) {
 		if err == nil {
+			n := len(rec.Key) + len(rec.Value)
 			r.opts.Counters.Produced.Add(1)
-			r.opts.Counters.ProducedBytes.Add(int64(len(rec.Key) + len(rec.Value)))
+			r.opts.Counters.ProducedBytes.Add(int64(n))
 			r.release(p.size)
+			if r.opts.Observer != nil {
+				now := time.Now()
+				var e2e time.Duration
+				if !p.src.CommitTime.IsZero() {
+					e2e = now.Sub(p.src.CommitTime)
+				}
+				r.opts.Observer.Produced(rec.Topic, header(rec, HeaderEventType), n, now.Sub(start), e2e)
+			}
 			ack()
 			return
 		}
 		if neverDeliverable(err) {
-			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record: %v", err), p.size, ack)
+			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record: %v", err), "rejected", p.size, ack)
 			return
 		}
 		r.release(p.size)
@@ -238,7 +266,7 @@ func neverDeliverable(err error) bool {
 
 // produceDLQ writes the dead-letter record for rec; the room held under size is released when it is
 // acknowledged. It never blocks, so it may run on the promise goroutine.
-func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason string, size int64, ack func()) {
+func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, size int64, ack func()) {
 	if r.opts.DLQTopic == "" {
 		r.release(size)
 		r.fail(&UndeliverableError{EventID: header(orig, HeaderEventID), Reason: reason})
@@ -269,6 +297,9 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason string, size in
 			return
 		}
 		r.opts.Counters.DeadLettered.Add(1)
+		if r.opts.Observer != nil {
+			r.opts.Observer.DeadLettered(header(orig, HeaderEventType), class)
+		}
 		ack()
 	})
 }

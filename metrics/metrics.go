@@ -1,0 +1,228 @@
+// Package metrics exposes outbox-cdc's Prometheus metrics and its health endpoints: /metrics,
+// /healthz (the process is alive) and /readyz (streaming; a standby says so distinctly).
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+const namespace = "outbox_cdc"
+
+// maxLabelSets bounds the label combinations of the per-topic and per-event-type counters; further
+// combinations are counted under "_other", so a runaway event_type cannot blow up the series count.
+const maxLabelSets = 200
+
+// Metrics holds the registry and the metrics that are pushed as records are acknowledged. It
+// implements router.Observer.
+type Metrics struct {
+	reg            *prometheus.Registry
+	produced       *prometheus.CounterVec
+	deadLettered   *prometheus.CounterVec
+	produceLatency prometheus.Histogram
+	endToEnd       prometheus.Histogram
+
+	mu     sync.Mutex
+	labels map[string]bool
+}
+
+// New creates the metrics with their own registry (no global state), including Go runtime and
+// process metrics.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		produced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "events_produced_total",
+			Help: "Events acknowledged by Kafka on their topic, by topic and event type (at most 200 label sets, then _other).",
+		}, []string{"topic", "event_type"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "events_dead_lettered_total",
+			Help: "Events acknowledged on the dead-letter topic, by event type and reason (unroutable, too_large, rejected).",
+		}, []string{"event_type", "reason"}),
+		produceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "produce_latency_seconds",
+			Help:    "Time from handing a record to the Kafka client to its acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "end_to_end_latency_seconds",
+			Help:    "Time from the transaction's commit (its Begin message's commit time) to the Kafka acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		}),
+		labels: map[string]bool{},
+	}
+	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// bounded returns the label values to use, replacing them by _other past maxLabelSets.
+func (m *Metrics) bounded(a, b string) (string, string) {
+	key := a + "\x00" + b
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.labels[key] {
+		return a, b
+	}
+	if len(m.labels) >= maxLabelSets {
+		return "_other", "_other"
+	}
+	m.labels[key] = true
+	return a, b
+}
+
+// Produced implements router.Observer.
+func (m *Metrics) Produced(topic, eventType string, _ int, produceLatency, endToEnd time.Duration) {
+	topic, eventType = m.bounded(topic, eventType)
+	m.produced.WithLabelValues(topic, eventType).Inc()
+	m.produceLatency.Observe(produceLatency.Seconds())
+	if endToEnd > 0 {
+		m.endToEnd.Observe(endToEnd.Seconds())
+	}
+}
+
+// DeadLettered implements router.Observer.
+func (m *Metrics) DeadLettered(eventType, reason string) {
+	eventType, reason = m.bounded("dlq:"+eventType, reason)
+	m.deadLettered.WithLabelValues(eventType[len("dlq:"):], reason).Inc()
+}
+
+// Watch registers the metrics read from the pipeline's snapshot at every scrape.
+func (m *Metrics) Watch(snapshot func() pipeline.Snapshot) {
+	m.reg.MustRegister(&snapshotCollector{snapshot: snapshot})
+}
+
+// Registry returns the registry, for tests and embedding.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves /metrics, /healthz and /readyz.
+func (m *Metrics) Handler(snapshot func() pipeline.Snapshot) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		s := snapshot()
+		switch s.State {
+		case pipeline.StateStreaming:
+			fmt.Fprintln(w, "streaming")
+		case pipeline.StateStandby:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "standby: another instance holds the slot; this one takes over when it frees")
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, s.State.String()+": not streaming (connecting, or retrying after a failure)")
+		}
+	})
+	return mux
+}
+
+// Serve serves Handler on ln until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener, snapshot func() pipeline.Snapshot) error {
+	srv := &http.Server{Handler: m.Handler(snapshot), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+// snapshotCollector turns one pipeline snapshot per scrape into metrics.
+type snapshotCollector struct {
+	snapshot func() pipeline.Snapshot
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+}
+
+var (
+	descDecoded      = desc("events_decoded_total", "Outbox inserts decoded from the WAL.")
+	descTransactions = desc("transactions_total", "Committed transactions received from the slot.")
+	descIgnored      = desc("ignored_operations_total", "Changes ignored: outbox updates, deletes, truncates, and other tables' changes.", "operation")
+	descBytes        = desc("produced_bytes_total", "Key and value bytes acknowledged by Kafka.")
+	descReconnects   = desc("reconnects_total", "Sessions rebuilt after a failure (replays from the slot).")
+	descErrors       = desc("errors_total", "Failures by class: postgres, kafka, undeliverable.", "class")
+	descInFlightRecs = desc("inflight_records", "Records handed to Kafka and not yet acknowledged.")
+	descInFlightB    = desc("inflight_bytes", "Bytes of records handed to Kafka and not yet acknowledged.")
+	descConfirmed    = desc("confirmed_lsn", "Last WAL position confirmed to PostgreSQL (as a byte position).")
+	descWALEnd       = desc("server_wal_end_lsn", "Server WAL end from the last keepalive (as a byte position).")
+	descSlotLag      = desc("slot_lag_bytes", "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, polled every 10 s.")
+	descBehind       = desc("seconds_behind", "Now minus the commit time of the oldest unacknowledged transaction; 0 when idle.")
+	descRole         = desc("role", "1 for this instance's role: active (streaming), standby, or starting.", "role")
+	descWALStatus    = desc("slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost, or missing).", "status")
+)
+
+// Describe implements prometheus.Collector.
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
+		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.snapshot()
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter(descDecoded, float64(s.Rows))
+	counter(descTransactions, float64(s.Transactions))
+	counter(descIgnored, float64(s.IgnoredUpdates), "update")
+	counter(descIgnored, float64(s.IgnoredDeletes), "delete")
+	counter(descIgnored, float64(s.IgnoredTruncates), "truncate")
+	counter(descIgnored, float64(s.IgnoredOtherTables), "other_table")
+	counter(descBytes, float64(s.ProducedBytes))
+	counter(descReconnects, float64(s.Restarts))
+	for _, class := range []string{"postgres", "kafka", "undeliverable"} {
+		counter(descErrors, float64(s.Errors[class]), class)
+	}
+	gauge(descInFlightRecs, float64(s.InFlightRecords))
+	gauge(descInFlightB, float64(s.InFlightBytes))
+	gauge(descConfirmed, float64(s.ConfirmedLSN))
+	gauge(descWALEnd, float64(s.ServerWALEnd))
+	gauge(descSlotLag, float64(s.Slot.LagBytes))
+	gauge(descBehind, s.SecondsBehind)
+	role := map[pipeline.State]string{pipeline.StateStreaming: "active", pipeline.StateStandby: "standby"}[s.State]
+	if role == "" {
+		role = "starting"
+	}
+	for _, r := range []string{"active", "standby", "starting"} {
+		gauge(descRole, b2f(r == role), r)
+	}
+	status := s.Slot.WALStatus
+	if s.Slot.Known && !s.Slot.Exists {
+		status = "missing"
+	}
+	for _, st := range []string{"reserved", "extended", "unreserved", "lost", "missing"} {
+		gauge(descWALStatus, b2f(st == status), st)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,155 @@
+package metrics
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+func fixedSnapshot(state pipeline.State) func() pipeline.Snapshot {
+	return func() pipeline.Snapshot {
+		return pipeline.Snapshot{
+			State: state, Rows: 10, Transactions: 4, IgnoredDeletes: 3, Produced: 9, ProducedBytes: 900,
+			InFlightRecords: 1, InFlightBytes: 100, ConfirmedLSN: 5000, ServerWALEnd: 6000, SecondsBehind: 1.5,
+			Restarts: 2, Errors: map[string]int64{"kafka": 2},
+			Slot: pipeline.SlotStatus{Known: true, Exists: true, Active: true, WALStatus: "reserved", LagBytes: 1000},
+		}
+	}
+}
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	body, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(body)
+}
+
+func TestHealthEndpoints(t *testing.T) {
+	tests := []struct {
+		state    pipeline.State
+		code     int
+		contains string
+	}{
+		{pipeline.StateStreaming, 200, "streaming"},
+		{pipeline.StateStandby, 503, "standby"},
+		{pipeline.StateStarting, 503, "not streaming"},
+	}
+	for _, tt := range tests {
+		m := New()
+		h := m.Handler(fixedSnapshot(tt.state))
+		if code, body := get(t, h, "/readyz"); code != tt.code || !strings.Contains(body, tt.contains) {
+			t.Errorf("%s: /readyz = %d %q, want %d containing %q", tt.state, code, body, tt.code, tt.contains)
+		}
+		if code, _ := get(t, h, "/healthz"); code != 200 {
+			t.Errorf("%s: /healthz = %d", tt.state, code)
+		}
+	}
+}
+
+func TestMetricsExposition(t *testing.T) {
+	m := New()
+	snap := fixedSnapshot(pipeline.StateStreaming)
+	m.Watch(snap)
+	m.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
+	m.DeadLettered("OrderPaid", "too_large")
+	_, body := get(t, m.Handler(snap), "/metrics")
+	for _, want := range []string{
+		`outbox_cdc_events_produced_total{event_type="OrderPaid",topic="orders"} 1`,
+		`outbox_cdc_events_dead_lettered_total{event_type="OrderPaid",reason="too_large"} 1`,
+		`outbox_cdc_events_decoded_total 10`,
+		`outbox_cdc_ignored_operations_total{operation="delete"} 3`,
+		`outbox_cdc_slot_lag_bytes 1000`,
+		`outbox_cdc_seconds_behind 1.5`,
+		`outbox_cdc_role{role="active"} 1`,
+		`outbox_cdc_role{role="standby"} 0`,
+		`outbox_cdc_slot_wal_status{status="reserved"} 1`,
+		`outbox_cdc_errors_total{class="kafka"} 2`,
+		`outbox_cdc_reconnects_total 2`,
+		`outbox_cdc_end_to_end_latency_seconds_count 1`,
+		`outbox_cdc_produce_latency_seconds_count 1`,
+		`outbox_cdc_inflight_records 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func TestLabelCardinalityIsBounded(t *testing.T) {
+	m := New()
+	for i := 0; i < 1000; i++ {
+		m.Produced("topic", "Type"+strings.Repeat("x", i%500)+string(rune('a'+i%26)), 1, time.Millisecond, 0)
+	}
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "outbox_cdc_events_produced_total" {
+			if n := len(f.GetMetric()); n > maxLabelSets+1 {
+				t.Fatalf("%d label sets, want at most %d", n, maxLabelSets+1)
+			}
+			return
+		}
+	}
+	t.Fatal("outbox_cdc_events_produced_total missing")
+}
+
+// TestDashboardsUseExistingMetrics: every outbox_cdc_* name in the Grafana dashboard and the alert
+// rules is a metric this package exposes.
+func TestDashboardsUseExistingMetrics(t *testing.T) {
+	m := New()
+	m.Watch(fixedSnapshot(pipeline.StateStreaming))
+	m.Produced("t", "e", 1, time.Millisecond, time.Millisecond)
+	m.DeadLettered("e", "unroutable")
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exposed := map[string]bool{}
+	for _, f := range families {
+		name := f.GetName()
+		exposed[name] = true
+		if f.GetType().String() == "HISTOGRAM" {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				exposed[name+suffix] = true
+			}
+		}
+	}
+	nameRE := regexp.MustCompile(`outbox_cdc_[a-z0-9_]+`)
+	for _, file := range []string{"../deploy/grafana/outbox-cdc-dashboard.json", "../deploy/prometheus/outbox-cdc-alerts.yml"} {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(file, ".yml") {
+			var rules struct {
+				Groups []struct {
+					Rules []struct{ Alert, Expr string }
+				}
+			}
+			if err := yaml.Unmarshal(data, &rules); err != nil || len(rules.Groups) == 0 {
+				t.Fatalf("%s: not valid alert rules: %v", file, err)
+			}
+		}
+		names := nameRE.FindAllString(string(data), -1)
+		if len(names) == 0 {
+			t.Fatalf("%s references no metric", file)
+		}
+		for _, n := range names {
+			if !exposed[n] {
+				t.Errorf("%s references %s, which outbox-cdc does not expose", file, n)
+			}
+		}
+	}
+}
