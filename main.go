@@ -45,7 +45,7 @@ overridden by flags.`,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "", "YAML configuration file ($OUTBOX_CDC_CONFIG)")
-	root.AddCommand(newRunCommand())
+	root.AddCommand(newRunCommand(), newResyncCommand(), newStatusCommand(), newInitCommand())
 	return root
 }
 

@@ -175,24 +175,11 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 	}
 	defer func() { _ = stream.Close(context.Background()) }()
 
-	rt, err := router.New(router.Options{
-		Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, Rules: p.rules, Columns: columns(cfg),
-		DLQTopic: cfg.Routing.DLQTopic, CreateTopics: cfg.Kafka.CreateTopics,
-		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
-		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,
-		MaxInFlightBytes: cfg.Limits.MaxInFlightBytes, Linger: cfg.Kafka.Linger, Logger: p.log, Counters: &p.Router,
-		Observer: p.observer,
-	})
+	rt, err := p.newRouter(ctx)
 	if err != nil {
-		return &kafkaError{err}
+		return err
 	}
 	defer rt.Close()
-	pingCtx, cancelPing := context.WithTimeout(ctx, 30*time.Second)
-	err = rt.Ping(pingCtx)
-	cancelPing()
-	if err != nil {
-		return &kafkaError{err}
-	}
 
 	if *standby {
 		p.log.Info("took over the slot from the previous instance", "slot", cfg.Postgres.Slot)
@@ -232,6 +219,29 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 		return nil
 	}
 	return runErr
+}
+
+// newRouter creates the router every delivery path uses (run and resync) and checks that Kafka answers.
+func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
+	cfg := p.cfg
+	rt, err := router.New(router.Options{
+		Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, Rules: p.rules, Columns: columns(cfg),
+		DLQTopic: cfg.Routing.DLQTopic, CreateTopics: cfg.Kafka.CreateTopics,
+		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
+		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,
+		MaxInFlightBytes: cfg.Limits.MaxInFlightBytes, Linger: cfg.Kafka.Linger, Logger: p.log, Counters: &p.Router,
+		Observer: p.observer,
+	})
+	if err != nil {
+		return nil, &kafkaError{err}
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rt.Ping(pingCtx); err != nil {
+		rt.Close()
+		return nil, &kafkaError{err}
+	}
+	return rt, nil
 }
 
 // stallAfter is how long the watermark may stand still with records in flight before the pipeline

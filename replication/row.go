@@ -79,29 +79,65 @@ func decodeTuple(types *pgtype.Map, rel *relation, tuple *pglogrepl.TupleData, l
 			// Inserts always carry every value; an unchanged TOAST marker here is a protocol surprise.
 			return Row{}, fmt.Errorf("insert into %s.%s: column %s arrived as an unchanged TOAST value", rel.namespace, rel.name, rc.Name)
 		case pglogrepl.TupleDataTypeText:
-			switch rc.DataType {
-			case pgtype.ByteaOID:
-				var b []byte
-				if err := types.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, col.Data, &b); err != nil {
-					return Row{}, fmt.Errorf("decode bytea column %s: %w", rc.Name, err)
-				}
-				out.Value = b
-			case pgtype.TimestamptzOID:
-				// Normalise to RFC 3339 in UTC, whatever the server's DateStyle.
-				var ts time.Time
-				if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, col.Data, &ts); err != nil {
-					return Row{}, fmt.Errorf("decode timestamptz column %s: %w", rc.Name, err)
-				}
-				out.Value = []byte(ts.UTC().Format(time.RFC3339Nano))
-			default:
-				out.Value = col.Data
+			v, err := decodeText(types, rc.Name, rc.DataType, col.Data)
+			if err != nil {
+				return Row{}, err
 			}
+			out.Value = v
 		case pglogrepl.TupleDataTypeBinary:
 			out.Value = col.Data
 		default:
 			return Row{}, fmt.Errorf("column %s: unknown tuple data type %q", rc.Name, col.DataType)
 		}
 		row.Columns[i] = out
+	}
+	return row, nil
+}
+
+// decodeText turns a column's text form into the bytes outbox-cdc forwards: bytea as its raw bytes,
+// timestamptz as RFC 3339 in UTC (whatever the server's DateStyle), everything else as sent.
+func decodeText(types *pgtype.Map, name string, oid uint32, text []byte) ([]byte, error) {
+	switch oid {
+	case pgtype.ByteaOID:
+		var b []byte
+		if err := types.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, text, &b); err != nil {
+			return nil, fmt.Errorf("decode bytea column %s: %w", name, err)
+		}
+		return b, nil
+	case pgtype.TimestamptzOID:
+		var ts time.Time
+		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, text, &ts); err != nil {
+			return nil, fmt.Errorf("decode timestamptz column %s: %w", name, err)
+		}
+		return []byte(ts.UTC().Format(time.RFC3339Nano)), nil
+	default:
+		return text, nil
+	}
+}
+
+// RowDecoder decodes rows read with SQL in text format (a snapshot) exactly as WAL rows are decoded.
+type RowDecoder struct {
+	types *pgtype.Map
+}
+
+// NewRowDecoder returns a decoder.
+func NewRowDecoder() *RowDecoder { return &RowDecoder{types: pgtype.NewMap()} }
+
+// Decode builds a Row from column names, type OIDs and text values (nil = NULL).
+func (d *RowDecoder) Decode(names []string, oids []uint32, values [][]byte) (Row, error) {
+	row := Row{Columns: make([]Column, len(names))}
+	for i, name := range names {
+		c := Column{Name: name, TypeOID: oids[i]}
+		if values[i] == nil {
+			c.Null = true
+		} else {
+			v, err := decodeText(d.types, name, oids[i], values[i])
+			if err != nil {
+				return Row{}, err
+			}
+			c.Value = v
+		}
+		row.Columns[i] = c
 	}
 	return row, nil
 }

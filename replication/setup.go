@@ -73,12 +73,64 @@ func inspectSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (slotInf
 	return info, nil
 }
 
+// SlotState is a replication slot as pg_replication_slots shows it.
+type SlotState struct {
+	// Exists is false when there is no such slot; the other fields are then zero.
+	Exists bool
+	// Active reports whether a walsender streams from it, and ActivePID which process.
+	Active    bool
+	ActivePID int
+	// WALStatus is reserved, extended, unreserved or lost.
+	WALStatus string
+	// ConfirmedFlush is confirmed_flush_lsn.
+	ConfirmedFlush LSN
+}
+
+// InspectSlot reads the slot's state.
+func InspectSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotState, error) {
+	info, err := inspectSlot(ctx, conn, slot)
+	if err != nil {
+		return SlotState{}, err
+	}
+	return SlotState{Exists: info.exists, Active: info.active, ActivePID: info.activePID, WALStatus: info.walStatus, ConfirmedFlush: info.confirmed}, nil
+}
+
+// DropSlot drops the slot. It fails with SQLSTATE 55006 if a process streams from it.
+func DropSlot(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	if err := pglogrepl.DropReplicationSlot(ctx, conn, quoteIdent(slot), pglogrepl.DropReplicationSlotOptions{}); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return fmt.Errorf("%w: drop slot %q: %s", ErrSlotInUse, slot, pgErr.Message)
+		}
+		return fmt.Errorf("drop replication slot %q: %w", slot, err)
+	}
+	return nil
+}
+
+// CreateSlotWithSnapshot creates the slot and exports a snapshot of the database exactly at the slot's
+// consistent point. The snapshot can be imported (SET TRANSACTION SNAPSHOT) by another connection
+// until conn runs its next command or closes.
+func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot string) (consistentPoint LSN, snapshot string, err error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, quoteIdent(slot), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return 0, "", fmt.Errorf("create replication slot %q with a snapshot: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, "", fmt.Errorf("parse consistent point %q: %w", res.ConsistentPoint, err)
+	}
+	return LSN(lsn), res.SnapshotName, nil
+}
+
 // SetupOptions say what Setup may create.
 type SetupOptions struct {
 	// Slot, Publication, Schema and Table name the objects.
 	Slot, Publication, Schema, Table string
 	// CreatePublication and CreateSlot allow creating missing objects.
 	CreatePublication, CreateSlot bool
+	// SkipSlot leaves the slot alone (resync manages it).
+	SkipSlot bool
 }
 
 // SetupResult says what Setup found and did.
@@ -131,6 +183,9 @@ func Setup(ctx context.Context, conn *pgconn.PgConn, o SetupOptions) (SetupResul
 		}
 	}
 
+	if o.SkipSlot {
+		return res, nil
+	}
 	slot, err := inspectSlot(ctx, conn, o.Slot)
 	if err != nil {
 		return res, err

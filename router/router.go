@@ -196,15 +196,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, problem := buildRecord(row, r.opts.Columns)
-	if problem == nil {
-		rec.Topic, problem = r.opts.Rules.Topic(row)
-	}
-	class := "unroutable"
-	if problem == nil && recordSize(rec) > int(r.opts.MaxMessageBytes)-512 {
-		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", recordSize(rec), r.opts.MaxMessageBytes)}
-		class = "too_large"
-	}
+	rec, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.MaxMessageBytes)
 	p := &Prepared{rec: rec, src: src, size: int64(min(recordSize(rec), int(r.opts.MaxMessageBytes))), dlqClass: class}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
@@ -256,6 +248,28 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 		r.release(p.size)
 		r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, HeaderEventID), rec.Topic, err))
 	})
+}
+
+// resolve builds the record for row with its topic, or says why the row can never be delivered
+// (problem) and the class of that reason.
+func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, problem error, class string) {
+	rec, problem = buildRecord(row, cols)
+	if problem == nil {
+		rec.Topic, problem = rules.Topic(row)
+	}
+	class = "unroutable"
+	if problem == nil && recordSize(rec) > int(maxMessageBytes)-512 {
+		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", recordSize(rec), maxMessageBytes)}
+		class = "too_large"
+	}
+	return rec, problem, class
+}
+
+// Plan says where row would go without sending it: its topic, or why it can never be delivered.
+// Dry runs use it.
+func Plan(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (topic string, problem error) {
+	rec, problem, _ := resolve(rules, cols, row, maxMessageBytes)
+	return rec.Topic, problem
 }
 
 // neverDeliverable reports whether Kafka rejected the record itself, so that retrying can never help.
