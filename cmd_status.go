@@ -342,4 +342,3 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
-
