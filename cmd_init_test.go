@@ -1,0 +1,85 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCheckPrerequisites(t *testing.T) {
+	good := facts{WALLevel: "logical", MaxSlots: 10, Slots: 2, MaxSenders: 10, Senders: 1, Replication: true, TableExists: true, CanSelect: true}
+	tests := []struct {
+		name    string
+		mutate  func(*facts)
+		wantFix string
+	}{
+		{"wal_level replica", func(f *facts) { f.WALLevel = "replica" }, "ALTER SYSTEM SET wal_level = logical"},
+		{"no slot left", func(f *facts) { f.Slots = 10 }, "max_replication_slots"},
+		{"no sender left", func(f *facts) { f.Senders = 10 }, "max_wal_senders"},
+		{"no replication attribute", func(f *facts) { f.Replication = false }, "REPLICATION"},
+		{"no select", func(f *facts) { f.CanSelect = false }, "GRANT SELECT"},
+	}
+	if p := checkPrerequisites(good); len(p) != 0 {
+		t.Fatalf("a good server has problems: %v", p)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := good
+			tt.mutate(&f)
+			p := checkPrerequisites(f)
+			if len(p) != 1 || !strings.Contains(p[0].fix, tt.wantFix) {
+				t.Fatalf("problems %v, want one whose fix names %q", p, tt.wantFix)
+			}
+		})
+	}
+	// A full server is fine when our slot already exists.
+	f := good
+	f.Slots, f.SlotExists = 10, true
+	if p := checkPrerequisites(f); len(p) != 0 {
+		t.Fatalf("existing slot on a full server: %v", p)
+	}
+}
+
+func TestTableDDLMatchesSQLFile(t *testing.T) {
+	ddl := tableDDL(`"app"."events"`)
+	if !strings.HasPrefix(ddl, `CREATE TABLE IF NOT EXISTS "app"."events" (`) || !strings.HasSuffix(ddl, ")") {
+		t.Fatalf("unexpected DDL:\n%s", ddl)
+	}
+	for _, col := range []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "aggregate_version", "payload", "headers", "created_at"} {
+		if !strings.Contains(ddl, col) {
+			t.Errorf("DDL lacks %s", col)
+		}
+	}
+}
+
+func TestEvaluateStatus(t *testing.T) {
+	healthy := Status{Slot: SlotReport{Name: "s", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 10}, Kafka: KafkaReport{Reachable: true}}
+	if p := evaluate(healthy, 100, 0); len(p) != 0 {
+		t.Fatalf("healthy status has problems: %v", p)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Status)
+		want   string
+	}{
+		{"missing", func(s *Status) { s.Slot.Exists = false }, "does not exist"},
+		{"lost", func(s *Status) { s.Slot.WALStatus = "lost" }, "resync"},
+		{"inactive, unknown since", func(s *Status) { s.Slot.Active = false; s.Slot.InactiveSeconds = -1 }, "inactive"},
+		{"lag", func(s *Status) { s.Slot.LagBytes = 1000 }, "lags"},
+		{"kafka", func(s *Status) { s.Kafka.Reachable = false; s.Kafka.Error = "dial" }, "kafka unreachable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := healthy
+			tt.mutate(&s)
+			p := evaluate(s, 100, 0)
+			if len(p) == 0 || !strings.Contains(strings.Join(p, "\n"), tt.want) {
+				t.Fatalf("problems %v, want one containing %q", p, tt.want)
+			}
+		})
+	}
+	recent := healthy
+	recent.Slot.Active, recent.Slot.InactiveSeconds = false, 5
+	if p := evaluate(recent, 100, 60_000_000_000); len(p) != 0 {
+		t.Fatalf("a slot inactive for 5 s under a 1 min threshold is unhealthy: %v", p)
+	}
+}
