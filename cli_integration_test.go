@@ -49,23 +49,6 @@ func adminExec(t *testing.T, f *testenv.Fixture, sql string) {
 	}
 }
 
-func preloadRows(t *testing.T, f *testenv.Fixture, n int, types ...string) []testenv.Event {
-	t.Helper()
-	gen := testenv.NewGenerator(20, types...)
-	var all []testenv.Event
-	for len(all) < n {
-		evs := make([]testenv.Event, min(1000, n-len(all)))
-		for i := range evs {
-			evs[i] = gen.Event(len(all) + i)
-		}
-		if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, evs...)
-	}
-	return all
-}
-
 // TestLostSlotStatusRunResync invalidates the slot on purpose (small max_slot_wal_keep_size, WAL
 // switched past it): status reports it lost and exits non-zero, run refuses and points at resync,
 // and resync recovers so that every retained row arrives.
@@ -75,7 +58,7 @@ func TestLostSlotStatusRunResync(t *testing.T) {
 	if out, code := runCLI(t, env, time.Minute, "init"); code != 0 {
 		t.Fatalf("init: exit %d\n%s", code, out)
 	}
-	rows := preloadRows(t, f, 300, "Invoiced")
+	rows := testenv.Preload(t, f, testenv.NewGenerator(20, "Invoiced"), 300)
 
 	adminExec(t, f, "ALTER SYSTEM SET max_slot_wal_keep_size = '32MB'")
 	adminExec(t, f, "SELECT pg_reload_conf()")
@@ -120,7 +103,7 @@ func TestLostSlotStatusRunResync(t *testing.T) {
 // run again; every row arrives (the first attempt's rows again, as duplicates).
 func TestResyncKilledHalfwayThenRerun(t *testing.T) {
 	f := testenv.NewFixture(t)
-	rows := preloadRows(t, f, 20000, "Shipped")
+	rows := testenv.Preload(t, f, testenv.NewGenerator(20, "Shipped"), 20000)
 	env := append(routerEnv(f), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=20")
 	first := exec.Command(binary, "resync", "--yes", "--snapshot-only")
 	first.Env = env

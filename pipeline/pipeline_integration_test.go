@@ -5,11 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -252,37 +249,7 @@ func TestBrokerOutageUnderLoad(t *testing.T) {
 	startPipeline(t, cfg)
 	ctx := context.Background()
 
-	var mu sync.Mutex
-	var all []testenv.Event
-	stopWriter := make(chan struct{})
-	writerDone := make(chan error, 1)
-	go func() {
-		gen := testenv.NewGenerator(20, "Payment")
-		db, err := pgx.Connect(ctx, f.PostgresURL)
-		if err != nil {
-			writerDone <- err
-			return
-		}
-		defer db.Close(ctx)
-		for i := 0; ; i++ {
-			select {
-			case <-stopWriter:
-				writerDone <- nil
-				return
-			default:
-			}
-			evs := []testenv.Event{gen.Event(i), gen.Event(i + 3), gen.Event(i + 7)}
-			if err := testenv.InsertTx(ctx, db, f.Table, evs, true); err != nil {
-				writerDone <- err
-				return
-			}
-			mu.Lock()
-			all = append(all, evs...)
-			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-
+	writer := testenv.StartWriter(t, f, testenv.NewGenerator(20, "Payment"), 3, 5*time.Millisecond, true)
 	time.Sleep(3 * time.Second)
 	testenv.StopKafka(t)
 	var stopLSN string
@@ -301,13 +268,10 @@ func TestBrokerOutageUnderLoad(t *testing.T) {
 	}
 	testenv.StartKafka(t)
 	time.Sleep(3 * time.Second)
-	close(stopWriter)
-	if err := <-writerDone; err != nil {
+	want, err := writer.Stop()
+	if err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	mu.Lock()
-	want := append([]testenv.Event(nil), all...)
-	mu.Unlock()
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Payment"), len(want), 3*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, want, got)
 	t.Logf("%d events written, outage checked by %d samples, %d duplicates", len(want), samples, dups)

@@ -5,32 +5,12 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
-
-// preload writes n events in transactions of 1,000 rows and keeps them in the table.
-func preload(t *testing.T, f *testenv.Fixture, gen *testenv.Generator, n int) []testenv.Event {
-	t.Helper()
-	var all []testenv.Event
-	for len(all) < n {
-		evs := make([]testenv.Event, min(1000, n-len(all)))
-		for i := range evs {
-			evs[i] = gen.Event(len(all) + i)
-		}
-		if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, evs...)
-	}
-	return all
-}
 
 // TestResyncNoGapNoOverlap: 20,000 rows exist and writers keep inserting while resync starts; every
 // event arrives exactly once — from the snapshot if committed before the slot, from the WAL if after —
@@ -38,43 +18,10 @@ func preload(t *testing.T, f *testenv.Fixture, gen *testenv.Generator, n int) []
 func TestResyncNoGapNoOverlap(t *testing.T) {
 	f := testenv.NewFixture(t)
 	gen := testenv.NewGenerator(50, "OrderCreated", "OrderPaid")
-	all := preload(t, f, gen, 20000)
-
-	var mu sync.Mutex
-	stop := make(chan struct{})
-	writerDone := make(chan error, 1)
-	go func() {
-		ctx := context.Background()
-		db, err := pgx.Connect(ctx, f.PostgresURL)
-		if err != nil {
-			writerDone <- err
-			return
-		}
-		defer db.Close(ctx)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				writerDone <- nil
-				return
-			default:
-			}
-			mu.Lock()
-			evs := []testenv.Event{gen.Event(i), gen.Event(i + 11)}
-			err := testenv.InsertTx(ctx, db, f.Table, evs, false)
-			if err == nil {
-				all = append(all, evs...)
-			}
-			mu.Unlock()
-			if err != nil {
-				writerDone <- err
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-
+	preloaded := testenv.Preload(t, f, gen, 20000)
+	writer := testenv.StartWriter(t, f, gen, 2, 2*time.Millisecond, false)
 	// Let the writers get going, so that transactions straddle the slot's creation.
-	testenv.WaitFor(t, time.Minute, "writers running", func() bool { mu.Lock(); defer mu.Unlock(); return len(all) > 20100 })
+	testenv.WaitFor(t, time.Minute, "writers running", func() bool { return writer.Written() > 100 })
 	p, err := New(testConfig(f), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -90,13 +37,11 @@ func TestResyncNoGapNoOverlap(t *testing.T) {
 	}()
 	testenv.WaitFor(t, 2*time.Minute, "resync streaming after the snapshot", func() bool { return p.State() == StateStreaming })
 	time.Sleep(2 * time.Second)
-	close(stop)
-	if err := <-writerDone; err != nil {
+	written, err := writer.Stop()
+	if err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	mu.Lock()
-	want := append([]testenv.Event(nil), all...)
-	mu.Unlock()
+	want := append(preloaded, written...)
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "OrderCreated", "OrderPaid"), len(want), 3*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, want, got)
 	cancel()
@@ -122,7 +67,7 @@ func TestResyncDryRunAndFilters(t *testing.T) {
 	f := testenv.NewFixture(t)
 	ctx := context.Background()
 	gen := testenv.NewGenerator(4, "OrderCreated", "OrderPaid", "OrderShipped")
-	all := preload(t, f, gen, 300)
+	all := testenv.Preload(t, f, gen, 300)
 	// Back-date a third of the rows.
 	if _, err := f.DB.Exec(ctx, "UPDATE "+f.Table+" SET created_at = '2026-01-01T00:00:00Z' WHERE aggregate_version % 3 = 0"); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,4 +227,90 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Preload writes n events of gen in transactions of 1,000 rows and keeps them in the table.
+func Preload(t testing.TB, f *Fixture, gen *Generator, n int) []Event {
+	t.Helper()
+	var all []Event
+	for len(all) < n {
+		evs := make([]Event, min(1000, n-len(all)))
+		for i := range evs {
+			evs[i] = gen.Event(len(all) + i)
+		}
+		if err := InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, evs...)
+	}
+	return all
+}
+
+// Writer inserts transactions of events on its own connection until stopped.
+type Writer struct {
+	mu     sync.Mutex
+	events []Event
+	stop   chan struct{}
+	done   chan error
+}
+
+// StartWriter inserts a transaction of perTx events of gen every pause (rows deleted in the same
+// transaction when deleteAfter) until Stop.
+func StartWriter(t testing.TB, f *Fixture, gen *Generator, perTx int, pause time.Duration, deleteAfter bool) *Writer {
+	t.Helper()
+	w := &Writer{stop: make(chan struct{}), done: make(chan error, 1)}
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, f.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer db.Close(ctx)
+		for i := 0; ; i++ {
+			select {
+			case <-w.stop:
+				w.done <- nil
+				return
+			default:
+			}
+			w.mu.Lock()
+			evs := make([]Event, perTx)
+			for j := range evs {
+				evs[j] = gen.Event(i + 7*j)
+			}
+			err := InsertTx(ctx, db, f.Table, evs, deleteAfter)
+			if err == nil {
+				w.events = append(w.events, evs...)
+			}
+			w.mu.Unlock()
+			if err != nil {
+				w.done <- err
+				return
+			}
+			time.Sleep(pause)
+		}
+	}()
+	t.Cleanup(func() { w.Stop() })
+	return w
+}
+
+// Written returns how many events the writer has committed.
+func (w *Writer) Written() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.events)
+}
+
+// Stop stops the writer and returns the events it committed, in commit order, and its error.
+func (w *Writer) Stop() ([]Event, error) {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	err := <-w.done
+	w.done <- err // keep the result for a second Stop
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Event(nil), w.events...), err
 }
