@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/outbox-cdc
 DEV := .dev
 
-.PHONY: build up down status run test test-unit vet bench clean
+.PHONY: build up down status run test test-unit vet bench bench-compare clean
 
 build: ## build bin/outbox-cdc
 	$(GO) build -o $(BIN) .
@@ -41,8 +41,12 @@ vet:
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-bench: build up ## drain a 100,000-event backlog and print the figures
+bench: build up ## drain a backlog, steady load, ceilings: print the table
 	$(GO) run ./bench
+
+bench-compare: build up ## the same workloads through outbox-cdc and Debezium 3.6.1 on Kafka Connect, side by side
+	scripts/services.sh debezium-libs
+	$(GO) run ./bench -compare
 
 clean:
 	rm -rf bin

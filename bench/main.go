@@ -32,6 +32,7 @@ type config struct {
 	events, payload, txRows int
 	rate, steadyRows        int
 	steadyFor               time.Duration
+	compare                 bool
 }
 
 func main() {
@@ -43,6 +44,7 @@ func main() {
 	flag.IntVar(&c.steadyRows, "k", 10, "steady load: rows per transaction")
 	flag.DurationVar(&c.steadyFor, "duration", 20*time.Second, "steady load: how long")
 	runs := flag.Int("runs", 3, "runs; medians are reported")
+	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect (make bench-compare)")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
 	flag.Parse()
 	env := devEnv()
@@ -74,16 +76,14 @@ func devEnv() map[string]string {
 
 // result is one run's figures.
 type result struct {
-	drain, confirmed  time.Duration // router start until every event is in Kafka / the slot confirmed past them
-	decodeCeiling     time.Duration // pg_recvlogical over the same WAL
-	kafkaCeiling      time.Duration // raw franz-go producer, same records
-	peakRSSKB         int64
-	cpu               time.Duration
-	bytes             int64
-	p50, p99, p999    time.Duration // steady load, commit to receipt
-	steadyEvents      int
-	trailMed, trailMx int64 // steady load: bytes confirmed_flush_lsn trails pg_current_wal_lsn()
+	bytes         int64
+	decodeCeiling time.Duration // pg_recvlogical over the same WAL
+	kafkaCeiling  time.Duration // raw franz-go producer, same records
+	systems       map[string]*measured
 }
+
+// streamRate is a system's drain throughput from its first record to its last.
+func streamRate(events int, m *measured) float64 { return rate(events, m.drain-m.firstRecord) }
 
 func run(c config, runs int) error {
 	if c.pgURL == "" || c.brokers == "" {
@@ -93,15 +93,23 @@ func run(c config, runs int) error {
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	fmt.Printf("drain: %d events, ~%d B JSON payload, COPY in transactions of %d rows; steady: %d events/s in transactions of %d for %s\n\n",
 		c.events, c.payload, c.txRows, c.rate, c.steadyRows, c.steadyFor)
+	systems := []string{"outbox-cdc"}
+	if c.compare {
+		systems = append(systems, "debezium")
+	}
 	var results []result
 	for i := 1; i <= runs; i++ {
 		r, err := once(c, i)
 		if err != nil {
 			return fmt.Errorf("run %d: %w", i, err)
 		}
-		fmt.Printf("run %d: router %.0f ev/s, decode ceiling %.0f ev/s, kafka ceiling %.0f ev/s, peak RSS %.1f MB, CPU %.2f s, steady p50 %s p99 %s p99.9 %s\n",
-			i, rate(c.events, r.drain), rate(c.events, r.decodeCeiling), rate(c.events, r.kafkaCeiling),
-			float64(r.peakRSSKB)/1024, r.cpu.Seconds(), ms(r.p50), ms(r.p99), ms(r.p999))
+		fmt.Printf("run %d: decode ceiling %.0f ev/s, kafka ceiling %.0f ev/s\n", i, rate(c.events, r.decodeCeiling), rate(c.events, r.kafkaCeiling))
+		for _, sys := range systems {
+			m := r.systems[sys]
+			fmt.Printf("  %-10s drain %.0f ev/s (first record after %s, all after %s), peak RSS %.1f MB, CPU %.2f s, steady p50 %s p99 %s p99.9 %s\n",
+				sys, streamRate(c.events, m), m.firstRecord.Round(time.Millisecond), m.drain.Round(time.Millisecond),
+				float64(m.peakRSSKB)/1024, m.cpu.Seconds(), ms(m.p50), ms(m.p99), ms(m.p999))
+		}
 		results = append(results, r)
 	}
 	med := func(f func(result) float64) float64 {
@@ -112,23 +120,65 @@ func run(c config, runs int) error {
 		sort.Float64s(v)
 		return v[len(v)/2]
 	}
-	router := med(func(r result) float64 { return rate(c.events, r.drain) })
+	sysMed := func(sys string, f func(*measured) float64) float64 {
+		return med(func(r result) float64 { return f(r.systems[sys]) })
+	}
 	decode := med(func(r result) float64 { return rate(c.events, r.decodeCeiling) })
 	kafka := med(func(r result) float64 { return rate(c.events, r.kafkaCeiling) })
-	fmt.Printf("\nmedians of %d runs\n", runs)
-	fmt.Printf("| figure | outbox-cdc | decode ceiling (pg_recvlogical) | Kafka ceiling (raw franz-go) |\n|---|---|---|---|\n")
-	fmt.Printf("| drain throughput | %.0f events/s (%.1f MB/s) | %.0f events/s | %.0f events/s |\n", router,
-		med(func(r result) float64 { return float64(r.bytes) / r.drain.Seconds() / 1e6 }), decode, kafka)
-	fmt.Printf("| outbox-cdc / ceiling | | %.2f | %.2f |\n", router/decode, router/kafka)
-	fmt.Printf("| drain time, slot confirmed after | %.2f s, %.2f s | | |\n",
-		med(func(r result) float64 { return r.drain.Seconds() }), med(func(r result) float64 { return r.confirmed.Seconds() }))
-	fmt.Printf("| router peak RSS | %.1f MB | | |\n", med(func(r result) float64 { return float64(r.peakRSSKB) / 1024 }))
-	fmt.Printf("| router CPU (drain + steady) | %.2f s | | |\n", med(func(r result) float64 { return r.cpu.Seconds() }))
+	type row struct {
+		name string
+		f    func(*measured) float64
+		unit string
+	}
+	rows := []row{
+		{"drain throughput, first to last record (events/s)", func(m *measured) float64 { return streamRate(c.events, m) }, "%.0f"},
+		{"drain: first record after start (s)", func(m *measured) float64 { return m.firstRecord.Seconds() }, "%.2f"},
+		{"drain: all records after start (s)", func(m *measured) float64 { return m.drain.Seconds() }, "%.2f"},
+		{"drain: slot confirmed past the backlog after start (s; -1: not within 15 s)", func(m *measured) float64 { return m.confirmed.Seconds() }, "%.2f"},
+		{"peak RSS (MB)", func(m *measured) float64 { return float64(m.peakRSSKB) / 1024 }, "%.1f"},
+		{"CPU, drain + steady (s)", func(m *measured) float64 { return m.cpu.Seconds() }, "%.2f"},
+	}
 	if c.rate > 0 {
-		fmt.Printf("| steady end-to-end latency p50 / p99 / p99.9 | %.1f / %.1f / %.1f ms | | |\n",
-			med(func(r result) float64 { return msf(r.p50) }), med(func(r result) float64 { return msf(r.p99) }), med(func(r result) float64 { return msf(r.p999) }))
-		fmt.Printf("| steady: confirmed_flush_lsn trails the WAL by (median / max) | %.0f / %.0f bytes | | |\n",
-			med(func(r result) float64 { return float64(r.trailMed) }), med(func(r result) float64 { return float64(r.trailMx) }))
+		rows = append(rows,
+			row{"steady end-to-end latency p50 (ms)", func(m *measured) float64 { return msf(m.p50) }, "%.1f"},
+			row{"steady end-to-end latency p99 (ms)", func(m *measured) float64 { return msf(m.p99) }, "%.1f"},
+			row{"steady end-to-end latency p99.9 (ms)", func(m *measured) float64 { return msf(m.p999) }, "%.1f"},
+			row{"steady: confirmed_flush_lsn trails the WAL, median (bytes)", func(m *measured) float64 { return float64(m.trailMed) }, "%.0f"},
+			row{"steady: confirmed_flush_lsn trails the WAL, max (bytes)", func(m *measured) float64 { return float64(m.trailMax) }, "%.0f"},
+		)
+	}
+	fmt.Printf("\nmedians of %d runs\n\n| figure | %s |", runs, strings.Join(systems, " | "))
+	if c.compare {
+		fmt.Printf(" outbox-cdc / debezium |")
+	}
+	fmt.Printf("\n|---|%s", strings.Repeat("---|", len(systems)))
+	if c.compare {
+		fmt.Printf("---|")
+	}
+	fmt.Println()
+	for _, r := range rows {
+		fmt.Printf("| %s |", r.name)
+		var vals []float64
+		for _, sys := range systems {
+			v := sysMed(sys, r.f)
+			vals = append(vals, v)
+			fmt.Printf(" "+r.unit+" |", v)
+		}
+		if c.compare {
+			if vals[1] > 0 && vals[0] >= 0 {
+				fmt.Printf(" %.2f |", vals[0]/vals[1])
+			} else {
+				fmt.Printf(" - |")
+			}
+		}
+		fmt.Println()
+	}
+	router := sysMed("outbox-cdc", func(m *measured) float64 { return streamRate(c.events, m) })
+	fmt.Printf("\nceilings on the same data: pg_recvlogical (decode) %.0f events/s, raw franz-go producer (Kafka) %.0f events/s\n", decode, kafka)
+	fmt.Printf("outbox-cdc / decode ceiling %.2f, outbox-cdc / Kafka ceiling %.2f\n", router/decode, router/kafka)
+	if c.compare {
+		dbz := sysMed("debezium", func(m *measured) float64 { return streamRate(c.events, m) })
+		fmt.Printf("debezium / decode ceiling %.2f, debezium / Kafka ceiling %.2f\n", dbz/decode, dbz/kafka)
 	}
 	return nil
 }

@@ -116,6 +116,18 @@ kafka_libs() {
   touch "$KAFKA_LIBS/.complete"
 }
 
+# Kafka Connect + Debezium jars, for `make bench-compare` only.
+debezium_libs() {
+  local libs="$DEV/debezium-libs"
+  if [ -f "$libs/.complete" ]; then return; fi
+  command -v mvn >/dev/null || die "maven is needed to fetch the Debezium jars (apt-get install -y maven)"
+  log "fetching Kafka Connect and Debezium jars from Maven Central into $libs (once)"
+  rm -rf "$libs"
+  mvn -B -q -f "$ROOT/scripts/debezium/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$libs" >&2
+  touch "$libs/.complete"
+}
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 kafka_running() {
@@ -204,9 +216,10 @@ case "${1:-}" in
   down) kafka_down; pg_down ;;
   kafka-stop) kafka_down ;;
   kafka-start) kafka_up ;;
+  debezium-libs) debezium_libs ;;
   status)
     if [ -f "$DEV/pgdata-path" ] && as_pg "$PG_BIN/pg_ctl" -D "$(cat "$DEV/pgdata-path")" status >/dev/null 2>&1; then
       echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
     if kafka_running; then echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_DIR/kafka.pid"))"; else echo "kafka: stopped"; fi ;;
-  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop|debezium-libs" >&2; exit 2 ;;
 esac
