@@ -125,6 +125,7 @@ func run(c config, runs int) error {
 	}
 	decode := med(func(r result) float64 { return rate(c.events, r.decodeCeiling) })
 	kafka := med(func(r result) float64 { return rate(c.events, r.kafkaCeiling) })
+	bytesPerRun := results[0].bytes
 	type row struct {
 		name string
 		f    func(*measured) float64
@@ -132,6 +133,9 @@ func run(c config, runs int) error {
 	}
 	rows := []row{
 		{"drain throughput, first to last record (events/s)", func(m *measured) float64 { return streamRate(c.events, m) }, "%.0f"},
+		{"drain throughput, first to last record (MB/s of key+value)", func(m *measured) float64 {
+			return float64(bytesPerRun) / (m.drain - m.firstRecord).Seconds() / 1e6
+		}, "%.1f"},
 		{"drain: first record after start (s)", func(m *measured) float64 { return m.firstRecord.Seconds() }, "%.2f"},
 		{"drain: all records after start (s)", func(m *measured) float64 { return m.drain.Seconds() }, "%.2f"},
 		{"drain: slot confirmed past the backlog after start (s; -1: not within 15 s)", func(m *measured) float64 { return m.confirmed.Seconds() }, "%.2f"},
