@@ -21,7 +21,7 @@ status:
 # Starts the local services if needed, applies sql/outbox.sql and runs the router in the foreground.
 run: build up
 	@set -a; source $(DEV)/env; set +a; \
-	psql "$$OUTBOX_CDC_POSTGRES" -q -v ON_ERROR_STOP=1 -f sql/outbox.sql; \
+	PGOPTIONS="-c client_min_messages=warning" psql "$$OUTBOX_CDC_POSTGRES" -q -v ON_ERROR_STOP=1 -f sql/outbox.sql; \
 	echo; \
 	echo "outbox-cdc is starting. In another terminal, insert an event and watch it arrive:"; \
 	echo "  set -a; source $(DEV)/env; set +a"; \

@@ -106,27 +106,21 @@ pg_down() {
 
 # --- Kafka ------------------------------------------------------------------------------------------
 
-kafka_libs() {
-  if [ -f "$KAFKA_LIBS/.complete" ]; then return; fi
-  command -v mvn >/dev/null || die "maven is needed to fetch the Kafka jars (apt-get install -y maven)"
-  log "fetching Apache Kafka jars from Maven Central into $KAFKA_LIBS (once, ~45 MB)"
-  rm -rf "$KAFKA_LIBS"
-  mvn -B -q -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS" >&2
-  touch "$KAFKA_LIBS/.complete"
+# maven_libs POM DIR WHAT: resolve the runtime jars of POM from Maven Central into DIR, once.
+maven_libs() {
+  local pom="$1" dir="$2" what="$3"
+  if [ -f "$dir/.complete" ]; then return; fi
+  command -v mvn >/dev/null || die "maven is needed to fetch the $what jars (apt-get install -y maven)"
+  log "fetching $what jars from Maven Central into $dir (once)"
+  rm -rf "$dir"
+  mvn -B -q -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$dir" >&2
+  touch "$dir/.complete"
 }
 
+kafka_libs() { maven_libs "$ROOT/scripts/kafka/pom.xml" "$KAFKA_LIBS" "Apache Kafka"; }
+
 # Kafka Connect + Debezium jars, for `make bench-compare` only.
-debezium_libs() {
-  local libs="$DEV/debezium-libs"
-  if [ -f "$libs/.complete" ]; then return; fi
-  command -v mvn >/dev/null || die "maven is needed to fetch the Debezium jars (apt-get install -y maven)"
-  log "fetching Kafka Connect and Debezium jars from Maven Central into $libs (once)"
-  rm -rf "$libs"
-  mvn -B -q -f "$ROOT/scripts/debezium/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$libs" >&2
-  touch "$libs/.complete"
-}
+debezium_libs() { maven_libs "$ROOT/scripts/debezium/pom.xml" "$DEV/debezium-libs" "Kafka Connect and Debezium"; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
