@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
@@ -306,5 +308,39 @@ func TestPayloadColumnTypes(t *testing.T) {
 				t.Fatalf("value %q, want %q", got[0].Value, tt.want)
 			}
 		})
+	}
+}
+
+// TestReconnectsAfterConnectionLoss terminates the walsender twice under load: the pipeline
+// reconnects with backoff, replays from the slot, and nothing is lost.
+func TestReconnectsAfterConnectionLoss(t *testing.T) {
+	f := testenv.NewFixture(t)
+	run := startPipeline(t, testConfig(f))
+	writer := testenv.StartWriter(t, f, testenv.NewGenerator(10, "Reserved"), 3, 5*time.Millisecond, true)
+	admin, err := pgx.Connect(context.Background(), f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	for i := 0; i < 2; i++ {
+		time.Sleep(time.Second)
+		testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return run.p.State() == StateStreaming })
+		var terminated bool
+		if err := admin.QueryRow(context.Background(),
+			"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", f.Slot).Scan(&terminated); err != nil || !terminated {
+			t.Fatalf("terminate the walsender: %v %v", terminated, err)
+		}
+	}
+	time.Sleep(time.Second)
+	want, err := writer.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Reserved"), len(want), 2*time.Minute)
+	dups := testenv.VerifyDelivery(t, f, want, got)
+	s := run.p.Snapshot()
+	t.Logf("%d events across 2 connection losses: %d reconnects, %d duplicates", len(want), s.Restarts, dups)
+	if s.Restarts < 2 || s.Errors["postgres"] < 2 {
+		t.Errorf("snapshot counts %d reconnects and %v errors, want at least 2 postgres failures", s.Restarts, s.Errors)
 	}
 }
