@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -161,5 +162,20 @@ func TestInitIsIdempotent(t *testing.T) {
 	out, code = runCLI(t, env, time.Minute, "status", "--json")
 	if code != 0 || !strings.Contains(out, `"healthy": true`) {
 		t.Fatalf("status with a streaming router: exit %d\n%s", code, out)
+	}
+}
+
+// TestInitOnWalLevelReplica: init against a server with wal_level=replica fails and names the fix.
+func TestInitOnWalLevelReplica(t *testing.T) {
+	url := testenv.TempCluster(t, "wal_level = replica")
+	env := append(os.Environ(), "OUTBOX_CDC_POSTGRES="+url, "OUTBOX_CDC_BROKERS=127.0.0.1:1", "OUTBOX_CDC_METRICS_ADDR=")
+	out, code := runCLI(t, env, time.Minute, "init", "--create-table")
+	if code == 0 {
+		t.Fatalf("init succeeded on wal_level=replica:\n%s", out)
+	}
+	for _, want := range []string{`wal_level is "replica"`, "ALTER SYSTEM SET wal_level = logical", "restart"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("init output lacks %q:\n%s", want, out)
+		}
 	}
 }
