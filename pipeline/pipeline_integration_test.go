@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -342,5 +344,40 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	t.Logf("%d events across 2 connection losses: %d reconnects, %d duplicates", len(want), s.Restarts, dups)
 	if s.Restarts < 2 || s.Errors["postgres"] < 2 {
 		t.Errorf("snapshot counts %d reconnects and %v errors, want at least 2 postgres failures", s.Restarts, s.Errors)
+	}
+}
+
+// TestTopicMaxMessageBytesIsRespected: a topic whose max.message.bytes is below kafka.max_message_bytes
+// takes the records that fit; a larger one is dead-lettered with the topic's limit as its reason, and
+// the records around it (same aggregate, same batch window) are delivered in order.
+func TestTopicMaxMessageBytesIsRespected(t *testing.T) {
+	f := testenv.NewFixture(t)
+	topic := f.TopicPrefix + ".Small"
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	limit := "4096"
+	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, -1, map[string]*string{"max.message.bytes": &limit}, topic); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(f)
+	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
+	startPipeline(t, cfg)
+	gen := testenv.NewGenerator(1, "Small")
+	before, big, after := gen.Event(0), gen.Event(0), gen.Event(0)
+	big.Payload = `{"blob": "` + strings.Repeat("y", 10000) + `"}`
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, []testenv.Event{before, big, after}, true); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 2, time.Minute)
+	testenv.VerifyDelivery(t, f, []testenv.Event{before, after}, got)
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute)
+	if len(dlq) != 1 || testenv.Header(dlq[0], "event_id") != big.ID {
+		t.Fatalf("dead-letter topic holds %d records, want the big event", len(dlq))
+	}
+	if reason := testenv.Header(dlq[0], router.HeaderDLQReason); !strings.Contains(reason, "max.message.bytes of topic "+topic) {
+		t.Errorf("reason %q does not name the topic's limit", reason)
 	}
 }

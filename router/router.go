@@ -98,7 +98,7 @@ type Router struct {
 	admin   *kadm.Client
 	log     *slog.Logger
 	limiter *limiter
-	ensured map[string]bool // topics known to exist; used by Send's goroutine only
+	limits  *sync.Map // topic -> int32: the largest batch the topic takes (min of its max.message.bytes and ours)
 
 	failOnce sync.Once
 	failed   chan struct{}
@@ -116,12 +116,20 @@ func New(opts Options) (*Router, error) {
 	if opts.MaxInFlightRecords <= 0 || opts.MaxInFlightBytes <= 0 || opts.MaxMessageBytes <= 0 {
 		return nil, errors.New("router: in-flight limits and max message bytes must be positive")
 	}
+	limits := new(sync.Map)
 	kopts := []kgo.Opt{
 		kgo.SeedBrokers(opts.Brokers...),
 		kgo.ClientID(opts.ClientID),
 		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
 		// a record-level retry or timeout limit could reorder or drop records.
-		kgo.ProducerBatchMaxBytes(opts.MaxMessageBytes),
+		// Batches never exceed what their topic takes, so that one record's size cannot make the broker
+		// reject a batch of innocent ones.
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if v, ok := limits.Load(topic); ok {
+				return v.(int32)
+			}
+			return opts.MaxMessageBytes
+		}),
 		// The limiter caps what is in flight; the client's own buffer must never be the one that blocks.
 		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords + 16),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
@@ -140,7 +148,7 @@ func New(opts Options) (*Router, error) {
 		admin:   kadm.NewClient(client),
 		log:     opts.Logger,
 		limiter: newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
-		ensured: make(map[string]bool),
+		limits:  limits,
 		failed:  make(chan struct{}),
 	}, nil
 }
@@ -152,7 +160,7 @@ func (r *Router) Ping(ctx context.Context) error {
 		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Brokers, err)
 	}
 	if r.opts.DLQTopic != "" {
-		if err := r.ensureTopic(ctx, r.opts.DLQTopic); err != nil {
+		if _, err := r.prepareTopic(ctx, r.opts.DLQTopic); err != nil {
 			return err
 		}
 	}
@@ -205,8 +213,20 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 			return nil, err
 		}
 		p.dlqReason = problem.Error()
-	} else if err := r.ensureTopic(ctx, rec.Topic); err != nil {
-		return nil, err
+	} else {
+		limit, err := r.prepareTopic(ctx, rec.Topic)
+		if err != nil {
+			return nil, err
+		}
+		if size := recordSize(rec); size > int(limit)-512 {
+			reason := fmt.Sprintf("record of %d bytes exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, limit)
+			if r.opts.DLQTopic == "" {
+				err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: reason}
+				r.fail(err)
+				return nil, err
+			}
+			p.dlqReason, p.dlqClass = reason, "too_large"
+		}
 	}
 	if err := r.limiter.Acquire(ctx, p.size); err != nil {
 		return nil, err
@@ -296,8 +316,12 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 	if orig.Topic != "" {
 		dlq.Headers = append(dlq.Headers, kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(orig.Topic)})
 	}
-	// The dead-letter topic has the same size limit: keep as much of the value as fits and say so.
-	if limit := int(r.opts.MaxMessageBytes) - 4096 - (recordSize(dlq) - len(dlq.Value)); len(dlq.Value) > limit {
+	// The dead-letter topic has a size limit too: keep as much of the value as fits and say so.
+	dlqLimit := r.opts.MaxMessageBytes
+	if v, ok := r.limits.Load(r.opts.DLQTopic); ok {
+		dlqLimit = v.(int32)
+	}
+	if limit := int(dlqLimit) - 4096 - (recordSize(dlq) - len(dlq.Value)); len(dlq.Value) > limit {
 		dlq.Headers = append(dlq.Headers,
 			kgo.RecordHeader{Key: HeaderDLQTruncated, Value: []byte("true")},
 			kgo.RecordHeader{Key: HeaderDLQOriginalBytes, Value: []byte(strconv.Itoa(len(dlq.Value)))})
@@ -329,23 +353,46 @@ func (r *Router) trackInFlight() {
 	r.opts.Counters.InFlightBytes.Store(b)
 }
 
-// ensureTopic creates topic once per router if topic creation is on.
-func (r *Router) ensureTopic(ctx context.Context, topic string) error {
-	if !r.opts.CreateTopics || r.ensured[topic] {
-		return nil
+// prepareTopic makes sure topic exists (creating it if topic creation is on) and returns the largest
+// batch it takes: the smaller of its max.message.bytes and kafka.max_message_bytes. It asks Kafka once
+// per topic and router.
+func (r *Router) prepareTopic(ctx context.Context, topic string) (int32, error) {
+	if v, ok := r.limits.Load(topic); ok {
+		return v.(int32), nil
 	}
-	resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	if r.opts.CreateTopics {
+		resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
+		switch {
+		case err == nil:
+			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
+		case errors.Is(err, kerr.TopicAlreadyExists):
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		default:
+			return 0, fmt.Errorf("create topic %s: %w", topic, err)
 		}
-		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	limit := r.opts.MaxMessageBytes
+	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
+	if err != nil && ctx.Err() != nil {
+		return 0, ctx.Err()
 	}
 	if err == nil {
-		r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
+		if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
+			for _, c := range rc.Configs {
+				if c.Key != "max.message.bytes" || c.Value == nil {
+					continue
+				}
+				if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < limit {
+					limit = int32(n)
+				}
+			}
+		}
+	} else {
+		r.log.Warn("cannot read the topic's max.message.bytes; assuming kafka.max_message_bytes", "topic", topic, "error", err.Error())
 	}
-	r.ensured[topic] = true
-	return nil
+	r.limits.Store(topic, limit)
+	return limit, nil
 }
 
 // Flush waits until every buffered record is acknowledged or ctx ends.
