@@ -118,7 +118,16 @@ func TestResyncKilledHalfwayThenRerun(t *testing.T) {
 	if len(seen) == 0 {
 		t.Fatal("the first resync published nothing before it was killed")
 	}
-	out, code := runCLI(t, routerEnv(f), 5*time.Minute, "resync", "--yes", "--snapshot-only")
+	// run must not stream from a slot whose snapshot was not all published.
+	out, code := runCLI(t, routerEnv(f), time.Minute, "run")
+	if code == 0 || !strings.Contains(out, "run `outbox-cdc resync` again") {
+		t.Fatalf("run after an interrupted resync: exit %d, want a refusal pointing at resync\n%s", code, out)
+	}
+	out, code = runCLI(t, routerEnv(f), time.Minute, "status")
+	if code == 0 || !strings.Contains(out, "interrupted") {
+		t.Fatalf("status after an interrupted resync: exit %d\n%s", code, out)
+	}
+	out, code = runCLI(t, routerEnv(f), 5*time.Minute, "resync", "--yes", "--snapshot-only")
 	if code != 0 {
 		t.Fatalf("second resync: exit %d\n%s", code, out)
 	}

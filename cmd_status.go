@@ -42,6 +42,8 @@ type SlotReport struct {
 	LagBytes          int64  `json:"lag_bytes"`
 	// InactiveSeconds is known on PostgreSQL 17 and later (inactive_since); -1 otherwise.
 	InactiveSeconds float64 `json:"inactive_seconds"`
+	// ResyncInterrupted is true while the marker of an unfinished resync exists.
+	ResyncInterrupted bool `json:"resync_interrupted"`
 }
 
 // PublicationReport is the publication's state.
@@ -168,6 +170,9 @@ func gatherPostgres(ctx context.Context, cfg config.Config, st *Status) error {
 		s.Exists = true
 		s.ActivePID, s.WALStatus, s.ConfirmedFlushLSN, s.RestartLSN = deref(pid), deref(walStatus), deref(confirmed), deref(restart)
 	}
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, replication.ResyncMarker(cfg.Postgres.Slot)).Scan(&s.ResyncInterrupted); err != nil {
+		return err
+	}
 	pub := &st.Publication
 	err = db.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, cfg.Postgres.Publication).Scan(&pub.PublishInsert)
 	if err == nil {
@@ -268,6 +273,9 @@ func evaluate(st Status, maxLag int64, maxInactive time.Duration) []string {
 			since = fmt.Sprintf("for %s", (time.Duration(s.InactiveSeconds) * time.Second).String())
 		}
 		problems = append(problems, fmt.Sprintf("slot %s is inactive %s: no router streams from it", s.Name, since))
+	}
+	if s.ResyncInterrupted {
+		problems = append(problems, fmt.Sprintf("a resync of slot %s was interrupted before its snapshot was published: run outbox-cdc resync again", s.Name))
 	}
 	if s.Exists && s.LagBytes > maxLag {
 		problems = append(problems, fmt.Sprintf("slot %s lags %d bytes behind pg_current_wal_lsn() (threshold %d)", s.Name, s.LagBytes, maxLag))

@@ -204,8 +204,9 @@ func (c *Config) Validate() error {
 		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
 	}
 	identRE := regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-	if !identRE.MatchString(c.Postgres.Slot) {
-		bad("postgres.slot", "must be lower-case letters, digits and underscores (at most 63), got %q", c.Postgres.Slot)
+	// 56, not 63: resync's marker slot adds "_resync".
+	if !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,55}$`).MatchString(c.Postgres.Slot) {
+		bad("postgres.slot", "must be lower-case letters, digits and underscores (at most 56), got %q", c.Postgres.Slot)
 	}
 	if !identRE.MatchString(c.Postgres.Publication) {
 		bad("postgres.publication", "must be lower-case letters, digits and underscores (at most 63), got %q", c.Postgres.Publication)

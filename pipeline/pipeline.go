@@ -91,7 +91,8 @@ func columns(cfg config.Config) router.Columns {
 // permanent reports errors that replaying cannot fix: the operator must act.
 func permanent(err error) bool {
 	var undeliverable *router.UndeliverableError
-	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost)
+	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
+		errors.Is(err, replication.ErrResyncInterrupted)
 }
 
 // Run streams until ctx ends (then it stops gracefully and returns nil) or a permanent error occurs.

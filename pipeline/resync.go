@@ -80,18 +80,25 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 	if err != nil {
 		return res, err
 	}
+	if slot.Exists && slot.Active {
+		return res, fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
+	}
 	if slot.Exists {
 		held := slotWALHeld(ctx, repl, cfg.Postgres.Slot)
 		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %s of WAL\n",
 			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, held)
-		if slot.Active {
-			return res, fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
-		}
 		if !o.Yes {
 			if o.Confirm == nil || !o.Confirm(fmt.Sprintf("Drop slot %s and replay the outbox table from a new snapshot?", cfg.Postgres.Slot)) {
 				return res, fmt.Errorf("%w: slot %q exists; pass --yes to drop and recreate it", replication.ErrNotSetUp, cfg.Postgres.Slot)
 			}
 		}
+	}
+	// From here until every snapshot row is acknowledged, a marker says the slot's start is not
+	// complete: run refuses to stream from it, so an interrupted resync cannot silently skip rows.
+	if err := replication.CreateResyncMarker(ctx, repl, cfg.Postgres.Slot); err != nil {
+		return res, err
+	}
+	if slot.Exists {
 		if err := replication.DropSlot(ctx, repl, cfg.Postgres.Slot); err != nil {
 			return res, err
 		}
@@ -122,11 +129,24 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 	if err := execAll(ctx, db, "COMMIT"); err != nil {
 		return res, fmt.Errorf("end the snapshot transaction: %w", err)
 	}
+	if err := dropMarker(ctx, cfg.Postgres.URL, cfg.Postgres.Slot); err != nil {
+		return res, err
+	}
 	p.log.Info("snapshot published", "rows", res.Rows, "consistent_point", cp.String())
 	if o.SnapshotOnly {
 		return res, nil
 	}
 	return res, p.Run(ctx)
+}
+
+// dropMarker removes the resync marker once the snapshot is fully acknowledged.
+func dropMarker(ctx context.Context, url, slot string) error {
+	conn, err := replication.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	return replication.DropResyncMarker(ctx, conn, slot)
 }
 
 // publishSnapshot reads the snapshot's rows with a cursor and delivers them; it returns once every

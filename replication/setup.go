@@ -123,6 +123,42 @@ func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot strin
 	return LSN(lsn), res.SnapshotName, nil
 }
 
+// ErrResyncInterrupted is returned (wrapped) when a resync of the slot started and did not finish
+// publishing its snapshot: streaming now would skip the snapshot rows not yet published.
+var ErrResyncInterrupted = errors.New("a resync of this slot was interrupted")
+
+// ResyncMarker names the marker of an unfinished resync of slot: a physical slot that reserves no WAL,
+// created before the snapshot and dropped once every snapshot row is acknowledged.
+func ResyncMarker(slot string) string { return slot + "_resync" }
+
+// CreateResyncMarker creates the marker of a resync of slot (idempotent).
+func CreateResyncMarker(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	_, err := query(ctx, conn, fmt.Sprintf("SELECT pg_create_physical_replication_slot(%s, false)", quoteLiteral(ResyncMarker(slot))))
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") {
+		return fmt.Errorf("create resync marker slot %q: %w", ResyncMarker(slot), err)
+	}
+	return nil
+}
+
+// DropResyncMarker drops the marker of a resync of slot, if it exists.
+func DropResyncMarker(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	_, err := query(ctx, conn, fmt.Sprintf("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", quoteLiteral(ResyncMarker(slot))))
+	if err != nil {
+		return fmt.Errorf("drop resync marker slot %q: %w", ResyncMarker(slot), err)
+	}
+	return nil
+}
+
+// resyncMarkerExists reports whether a resync of slot is unfinished.
+func resyncMarkerExists(ctx context.Context, conn *pgconn.PgConn, slot string) (bool, error) {
+	rows, err := query(ctx, conn, fmt.Sprintf("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", quoteLiteral(ResyncMarker(slot))))
+	if err != nil {
+		return false, fmt.Errorf("look up resync marker: %w", err)
+	}
+	return len(rows) > 0, nil
+}
+
 // SetupOptions say what Setup may create.
 type SetupOptions struct {
 	// Slot, Publication, Schema and Table name the objects.

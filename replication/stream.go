@@ -107,6 +107,12 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 	if slot.active {
 		return nil, fmt.Errorf("%w: slot %q is active for pid %d", ErrSlotInUse, opts.Slot, slot.activePID)
 	}
+	if interrupted, err := resyncMarkerExists(ctx, conn, opts.Slot); err != nil {
+		return nil, err
+	} else if interrupted {
+		return nil, fmt.Errorf("%w: slot %q starts at a snapshot whose rows were not all published (marker slot %q exists): run `outbox-cdc resync` again; to accept the gap instead, drop the marker with SELECT pg_drop_replication_slot('%s')",
+			ErrResyncInterrupted, opts.Slot, ResyncMarker(opts.Slot), ResyncMarker(opts.Slot))
+	}
 	args := []string{"proto_version '2'", "publication_names '" + strings.ReplaceAll(opts.Publication, "'", "''") + "'"}
 	// Start from the slot's confirmed position (0 means "where the slot is").
 	if err := pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {

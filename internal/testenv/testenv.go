@@ -174,7 +174,7 @@ func NewFixture(t testing.TB) *Fixture {
 			// Terminate a walsender still holding the slot, then drop it: a left-over slot pins WAL.
 			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.Slot)
 			for i := 0; i < 50; i++ {
-				_, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, f.Slot)
+				_, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ($1, $1 || '_resync')`, f.Slot)
 				if err == nil {
 					break
 				}
