@@ -80,13 +80,13 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 	if err != nil {
 		return res, err
 	}
-	if slot.Exists && slot.Active {
-		return res, fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
-	}
 	if slot.Exists {
 		held := slotWALHeld(ctx, repl, cfg.Postgres.Slot)
 		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %s of WAL\n",
 			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, held)
+		if slot.Active {
+			return res, fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
+		}
 		if !o.Yes {
 			if o.Confirm == nil || !o.Confirm(fmt.Sprintf("Drop slot %s and replay the outbox table from a new snapshot?", cfg.Postgres.Slot)) {
 				return res, fmt.Errorf("%w: slot %q exists; pass --yes to drop and recreate it", replication.ErrNotSetUp, cfg.Postgres.Slot)
