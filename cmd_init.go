@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 //go:embed sql/outbox.sql
@@ -206,7 +207,11 @@ func createTopics(ctx context.Context, w io.Writer, cfg config.Config, topics []
 		fmt.Fprintf(w, "skip topics (kafka.create_topics is off): %s\n", strings.Join(topics, ", "))
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...))
+	kopts, err := router.ClientOpts(cfg.Kafka.Brokers, cfg.KafkaSecurity())
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kopts...)
 	if err != nil {
 		return err
 	}

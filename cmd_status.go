@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // Status is what `outbox-cdc status` reports.
@@ -212,7 +213,12 @@ func gatherPostgres(ctx context.Context, cfg config.Config, st *Status) error {
 }
 
 func gatherKafka(ctx context.Context, cfg config.Config, st *Status) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...))
+	kopts, err := router.ClientOpts(cfg.Kafka.Brokers, cfg.KafkaSecurity())
+	if err != nil {
+		st.Kafka.Error = err.Error()
+		return
+	}
+	cl, err := kgo.NewClient(kopts...)
 	if err != nil {
 		st.Kafka.Error = err.Error()
 		return

@@ -44,8 +44,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// router is an outbox-cdc process whose JSON log lines the test can wait for.
-type router struct {
+// routerProc is an outbox-cdc process whose JSON log lines the test can wait for.
+type routerProc struct {
 	cmd   *exec.Cmd
 	mu    sync.Mutex
 	lines []map[string]any
@@ -68,7 +68,7 @@ func routerEnv(f *testenv.Fixture) []string {
 	)
 }
 
-func startRouter(t *testing.T, env []string, args ...string) *router {
+func startRouter(t *testing.T, env []string, args ...string) *routerProc {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"run"}, args...)...)
 	cmd.Env = env
@@ -79,7 +79,7 @@ func startRouter(t *testing.T, env []string, args ...string) *router {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &router{cmd: cmd, done: make(chan struct{})}
+	r := &routerProc{cmd: cmd, done: make(chan struct{})}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -108,14 +108,14 @@ func startRouter(t *testing.T, env []string, args ...string) *router {
 	return r
 }
 
-func (r *router) log() string {
+func (r *routerProc) log() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return strings.Join(r.raw, "\n")
 }
 
 // waitLog waits for a log line whose msg contains substr.
-func (r *router) waitLog(t *testing.T, substr string, timeout time.Duration) {
+func (r *routerProc) waitLog(t *testing.T, substr string, timeout time.Duration) {
 	t.Helper()
 	testenv.WaitFor(t, timeout, fmt.Sprintf("router log %q", substr), func() bool {
 		r.mu.Lock()
@@ -129,7 +129,7 @@ func (r *router) waitLog(t *testing.T, substr string, timeout time.Duration) {
 	})
 }
 
-func (r *router) exitCode(t *testing.T, timeout time.Duration) int {
+func (r *routerProc) exitCode(t *testing.T, timeout time.Duration) int {
 	t.Helper()
 	select {
 	case <-r.done:

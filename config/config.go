@@ -85,6 +85,30 @@ type Kafka struct {
 	MaxMessageBytes int32 `yaml:"max_message_bytes"`
 	// Linger is how long the producer waits to fill a batch.
 	Linger time.Duration `yaml:"linger"`
+	// TLS and SASL secure the connections to the brokers.
+	TLS  KafkaTLS  `yaml:"tls"`
+	SASL KafkaSASL `yaml:"sasl"`
+}
+
+// KafkaTLS configures TLS to the brokers.
+type KafkaTLS struct {
+	// Enabled turns TLS on.
+	Enabled bool `yaml:"enabled"`
+	// CAFile is a PEM bundle replacing the system roots; CertFile and KeyFile a client certificate.
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// InsecureSkipVerify turns certificate verification off (never in production).
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// KafkaSASL configures SASL authentication to the brokers.
+type KafkaSASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty turns SASL off.
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	// Password is best given by OUTBOX_CDC_KAFKA_SASL_PASSWORD rather than in the file.
+	Password string `yaml:"password"`
 }
 
 // Routing chooses each row's topic.
@@ -242,6 +266,28 @@ func (c *Config) Validate() error {
 	if c.Kafka.MaxMessageBytes < 1024 {
 		bad("kafka.max_message_bytes", "must be at least 1024, got %d", c.Kafka.MaxMessageBytes)
 	}
+	switch strings.ToUpper(c.Kafka.SASL.Mechanism) {
+	case "":
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "" {
+			bad("kafka.sasl", "mechanism %s needs kafka.sasl.username and kafka.sasl.password", c.Kafka.SASL.Mechanism)
+		}
+	default:
+		bad("kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", c.Kafka.SASL.Mechanism)
+	}
+	for key, path := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
+		if path == "" {
+			continue
+		}
+		if !c.Kafka.TLS.Enabled {
+			bad(key, "is set but kafka.tls.enabled is false")
+		} else if _, err := os.Stat(path); err != nil {
+			bad(key, "cannot read %s: %v", path, err)
+		}
+	}
+	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
+		bad("kafka.tls.cert_file", "and kafka.tls.key_file go together")
+	}
 	if c.Kafka.Linger < 0 {
 		bad("kafka.linger", "must not be negative, got %s", c.Kafka.Linger)
 	}
@@ -304,4 +350,13 @@ func MaskURL(u string) string {
 		parsed.RawQuery = q.Encode()
 	}
 	return parsed.String()
+}
+
+// KafkaSecurity returns the Kafka TLS and SASL settings in the router's terms.
+func (c *Config) KafkaSecurity() router.Security {
+	return router.Security{
+		TLS: c.Kafka.TLS.Enabled, CAFile: c.Kafka.TLS.CAFile, CertFile: c.Kafka.TLS.CertFile, KeyFile: c.Kafka.TLS.KeyFile,
+		InsecureSkipVerify: c.Kafka.TLS.InsecureSkipVerify,
+		SASLMechanism:      c.Kafka.SASL.Mechanism, SASLUser: c.Kafka.SASL.Username, SASLPassword: c.Kafka.SASL.Password,
+	}
 }

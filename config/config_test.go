@@ -154,3 +154,40 @@ func TestExampleConfigLoads(t *testing.T) {
 		t.Fatal("testdata/outbox-cdc.yaml no longer shows the defaults")
 	}
 }
+
+func TestKafkaSecurityValidation(t *testing.T) {
+	base := func() Config {
+		c := Default()
+		c.Postgres.URL = "postgres://u@h/db"
+		c.Kafka.Brokers = []string{"h:9092"}
+		return c
+	}
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantKey string
+	}{
+		{"mechanism without credentials", func(c *Config) { c.Kafka.SASL.Mechanism = "PLAIN" }, "kafka.sasl"},
+		{"unknown mechanism", func(c *Config) { c.Kafka.SASL = KafkaSASL{Mechanism: "KERBEROS", Username: "u", Password: "p"} }, "kafka.sasl.mechanism"},
+		{"CA file without TLS", func(c *Config) { c.Kafka.TLS.CAFile = "/etc/hosts" }, "kafka.tls.ca_file"},
+		{"missing CA file", func(c *Config) { c.Kafka.TLS = KafkaTLS{Enabled: true, CAFile: "/no/such/ca.pem"} }, "kafka.tls.ca_file"},
+		{"cert without key", func(c *Config) { c.Kafka.TLS = KafkaTLS{Enabled: true, CertFile: "/etc/hosts"} }, "kafka.tls.cert_file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := base()
+			tt.mutate(&c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.wantKey) {
+				t.Fatalf("error %v does not name %s", err, tt.wantKey)
+			}
+		})
+	}
+	c := base()
+	c.Kafka.SASL = KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "p"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.KafkaSecurity(); s.SASLMechanism != "SCRAM-SHA-512" || s.SASLPassword != "p" {
+		t.Fatalf("security %+v", s)
+	}
+}

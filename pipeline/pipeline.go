@@ -226,7 +226,7 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	cfg := p.cfg
 	rt, err := router.New(router.Options{
-		Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, Rules: p.rules, Columns: columns(cfg),
+		Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, Security: cfg.KafkaSecurity(), Rules: p.rules, Columns: columns(cfg),
 		DLQTopic: cfg.Routing.DLQTopic, CreateTopics: cfg.Kafka.CreateTopics,
 		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
 		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
@@ -380,4 +381,30 @@ func TestTopicMaxMessageBytesIsRespected(t *testing.T) {
 	if reason := testenv.Header(dlq[0], router.HeaderDLQReason); !strings.Contains(reason, "max.message.bytes of topic "+topic) {
 		t.Errorf("reason %q does not name the topic's limit", reason)
 	}
+}
+
+// TestKafkaSASL: the router authenticates with SASL/PLAIN; a wrong password is a clear error.
+func TestKafkaSASL(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Kafka.Brokers = testenv.SASLBrokers(t)
+	cfg.Kafka.SASL = config.KafkaSASL{Mechanism: "PLAIN", Username: "outbox", Password: "wrong"}
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if _, err := p.newRouter(ctx); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authentication") {
+		t.Fatalf("wrong SASL password: %v, want an authentication error", err)
+	}
+	cfg.Kafka.SASL.Password = "outbox-secret"
+	startPipeline(t, cfg)
+	gen := testenv.NewGenerator(2, "Secured")
+	evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(0)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Secured"), len(evs), time.Minute)
+	testenv.VerifyDelivery(t, f, evs, got)
 }

@@ -21,6 +21,8 @@ type Options struct {
 	Brokers []string
 	// ClientID is the Kafka client id.
 	ClientID string
+	// Security configures TLS and SASL.
+	Security Security
 	// Rules choose each row's topic.
 	Rules *Rules
 	// Columns name the outbox columns.
@@ -117,8 +119,11 @@ func New(opts Options) (*Router, error) {
 		return nil, errors.New("router: in-flight limits and max message bytes must be positive")
 	}
 	limits := new(sync.Map)
-	kopts := []kgo.Opt{
-		kgo.SeedBrokers(opts.Brokers...),
+	kopts, err := ClientOpts(opts.Brokers, opts.Security)
+	if err != nil {
+		return nil, err
+	}
+	kopts = append(kopts,
 		kgo.ClientID(opts.ClientID),
 		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
 		// a record-level retry or timeout limit could reorder or drop records.
@@ -131,9 +136,9 @@ func New(opts Options) (*Router, error) {
 			return opts.MaxMessageBytes
 		}),
 		// The limiter caps what is in flight; the client's own buffer must never be the one that blocks.
-		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords + 16),
+		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords+16),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
-	}
+	)
 	if opts.Linger > 0 {
 		kopts = append(kopts, kgo.ProducerLinger(opts.Linger))
 	}

@@ -15,6 +15,7 @@ DEV="${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}"
 PG_PORT="${OUTBOX_CDC_PG_PORT:-55432}"
 KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-59093}"
+KAFKA_SASL_PORT="${OUTBOX_CDC_KAFKA_SASL_PORT:-59094}"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 KAFKA_LIBS="$DEV/kafka-libs"
 KAFKA_DIR="$DEV/kafka"
@@ -62,8 +63,8 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$data'
 wal_level = logical
-max_replication_slots = 16
-max_wal_senders = 16
+max_replication_slots = 32
+max_wal_senders = 32
 wal_sender_timeout = 60s
 fsync = off
 full_page_writes = off
@@ -137,10 +138,14 @@ kafka_up() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+# A SASL/PLAIN listener with one user, for the tests of kafka.sasl.*
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_outbox="outbox-secret";
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -201,6 +206,7 @@ write_env() {
 OUTBOX_CDC_POSTGRES=postgres://outbox:outbox@127.0.0.1:$PG_PORT/outbox
 OUTBOX_CDC_BROKERS=127.0.0.1:$KAFKA_PORT
 OUTBOX_CDC_TEST_ADMIN_POSTGRES=postgres://postgres:postgres@127.0.0.1:$PG_PORT/outbox
+OUTBOX_CDC_TEST_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
 ENV
   log "wrote $DEV/env"
 }

@@ -169,22 +169,30 @@ func NewFixture(t testing.TB) *Fixture {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		defer func() { _ = db.Close(ctx) }()
 		admin, err := pgx.Connect(ctx, f.AdminURL)
-		if err == nil {
-			// Terminate a walsender still holding the slot, then drop it: a left-over slot pins WAL.
-			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.Slot)
-			for i := 0; i < 50; i++ {
-				_, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ($1, $1 || '_resync')`, f.Slot)
-				if err == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			_, _ = admin.Exec(ctx, "DROP PUBLICATION IF EXISTS "+f.Publication)
-			_, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+f.Table)
-			_ = admin.Close(ctx)
+		if err != nil {
+			t.Errorf("clean up: %v", err)
+			return
 		}
-		_ = db.Close(ctx)
+		defer func() { _ = admin.Close(ctx) }()
+		// Terminate a walsender still holding the slot, then drop it and resync's marker: a left-over
+		// slot pins WAL and uses up max_replication_slots for the tests after this one.
+		slots := []string{f.Slot, f.Slot + "_resync"}
+		for i := 0; ; i++ {
+			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = ANY($1) AND active_pid IS NOT NULL`, slots)
+			_, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ANY($1)`, slots)
+			if err == nil {
+				break
+			}
+			if i == 50 {
+				t.Errorf("clean up: drop slot %s: %v", f.Slot, err)
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = admin.Exec(ctx, "DROP PUBLICATION IF EXISTS "+f.Publication)
+		_, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+f.Table)
 	})
 	return f
 }
@@ -302,4 +310,15 @@ func StopKafka(t testing.TB) {
 func StartKafka(t testing.TB) {
 	t.Helper()
 	services(t, "kafka-start")
+}
+
+// SASLBrokers returns the local broker's SASL/PLAIN listener (user outbox, password outbox-secret).
+func SASLBrokers(t testing.TB) []string {
+	t.Helper()
+	Brokers(t)
+	v := lookup(t, "OUTBOX_CDC_TEST_SASL_BROKERS")
+	if v == "" {
+		t.Fatalf("OUTBOX_CDC_TEST_SASL_BROKERS is not set and .dev/env lacks it: %s", startHint)
+	}
+	return strings.Split(v, ",")
 }
