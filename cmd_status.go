@@ -22,16 +22,20 @@ import (
 
 // Status is what `outbox-cdc status` reports.
 type Status struct {
+	// Slot, Publication, Outbox and Kafka are the parts of the report.
 	Slot        SlotReport        `json:"slot"`
 	Publication PublicationReport `json:"publication"`
 	Outbox      OutboxReport      `json:"outbox"`
 	Kafka       KafkaReport       `json:"kafka"`
-	Healthy     bool              `json:"healthy"`
-	Problems    []string          `json:"problems"`
+	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it.
+	Healthy  bool     `json:"healthy"`
+	Problems []string `json:"problems"`
 }
 
 // SlotReport is the replication slot's state.
 type SlotReport struct {
+	// Name ... LagBytes mirror pg_replication_slots; WALHeldBytes and LagBytes are measured from
+	// restart_lsn and confirmed_flush_lsn to pg_current_wal_lsn().
 	Name              string `json:"name"`
 	Exists            bool   `json:"exists"`
 	Active            bool   `json:"active"`
@@ -49,6 +53,7 @@ type SlotReport struct {
 
 // PublicationReport is the publication's state.
 type PublicationReport struct {
+	// Name, Exists, PublishInsert and Tables mirror pg_publication and pg_publication_tables.
 	Name          string   `json:"name"`
 	Exists        bool     `json:"exists"`
 	PublishInsert bool     `json:"publish_insert"`
@@ -57,6 +62,7 @@ type PublicationReport struct {
 
 // OutboxReport is the outbox table's state.
 type OutboxReport struct {
+	// Table is the outbox; RowEstimate is pg_class.reltuples; OldestAgeSeconds is now - min(created_at).
 	Table            string  `json:"table"`
 	Exists           bool    `json:"exists"`
 	RowEstimate      int64   `json:"row_estimate"`
@@ -65,6 +71,8 @@ type OutboxReport struct {
 
 // KafkaReport says whether Kafka answers and which routed topics exist.
 type KafkaReport struct {
+	// Brokers were asked; Reachable says whether one answered (else Error); the topics are those the
+	// routing configuration names in advance.
 	Brokers       []string `json:"brokers"`
 	Reachable     bool     `json:"reachable"`
 	Error         string   `json:"error,omitempty"`

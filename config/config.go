@@ -23,12 +23,18 @@ import (
 // dotted key of a field (for example postgres.slot) is the name used in errors, environment variables
 // and the README's reference.
 type Config struct {
+	// Postgres is the source database and slot.
 	Postgres Postgres `yaml:"postgres"`
-	Kafka    Kafka    `yaml:"kafka"`
-	Routing  Routing  `yaml:"routing"`
-	Limits   Limits   `yaml:"limits"`
-	Log      Log      `yaml:"log"`
-	Metrics  Metrics  `yaml:"metrics"`
+	// Kafka is the producer and topic administration.
+	Kafka Kafka `yaml:"kafka"`
+	// Routing chooses topics.
+	Routing Routing `yaml:"routing"`
+	// Limits bound memory.
+	Limits Limits `yaml:"limits"`
+	// Log configures logging.
+	Log Log `yaml:"log"`
+	// Metrics configures the HTTP endpoint.
+	Metrics Metrics `yaml:"metrics"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
@@ -58,6 +64,7 @@ type Postgres struct {
 
 // Columns maps the outbox's roles to column names, like Debezium's table.field.event.* options.
 type Columns struct {
+	// EventID, EventType, ... name the column of each role (event_id, event_type, ... by default).
 	EventID          string `yaml:"event_id"`
 	EventType        string `yaml:"event_type"`
 	AggregateType    string `yaml:"aggregate_type"`
@@ -86,7 +93,8 @@ type Kafka struct {
 	// Linger is how long the producer waits to fill a batch.
 	Linger time.Duration `yaml:"linger"`
 	// TLS and SASL secure the connections to the brokers.
-	TLS  KafkaTLS  `yaml:"tls"`
+	TLS KafkaTLS `yaml:"tls"`
+	// SASL authenticates to the brokers.
 	SASL KafkaSASL `yaml:"sasl"`
 }
 
@@ -95,7 +103,8 @@ type KafkaTLS struct {
 	// Enabled turns TLS on.
 	Enabled bool `yaml:"enabled"`
 	// CAFile is a PEM bundle replacing the system roots; CertFile and KeyFile a client certificate.
-	CAFile   string `yaml:"ca_file"`
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key (PEM) for mutual TLS.
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
 	// InsecureSkipVerify turns certificate verification off (never in production).
@@ -106,7 +115,8 @@ type KafkaTLS struct {
 type KafkaSASL struct {
 	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty turns SASL off.
 	Mechanism string `yaml:"mechanism"`
-	Username  string `yaml:"username"`
+	// Username is the SASL user.
+	Username string `yaml:"username"`
 	// Password is best given by OUTBOX_CDC_KAFKA_SASL_PASSWORD rather than in the file.
 	Password string `yaml:"password"`
 }

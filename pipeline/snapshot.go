@@ -28,6 +28,7 @@ type SlotStatus struct {
 
 // Snapshot is a consistent-enough view of the pipeline for metrics and health checks.
 type Snapshot struct {
+	// State is what the pipeline is doing.
 	State State
 	// Replication counters.
 	Rows, Transactions, IgnoredUpdates, IgnoredDeletes, IgnoredTruncates, IgnoredOtherTables int64
@@ -87,7 +88,10 @@ func errorClass(err error) string {
 // kafkaError marks an error of the Kafka side.
 type kafkaError struct{ err error }
 
+// Error implements error.
 func (e *kafkaError) Error() string { return e.err.Error() }
+
+// Unwrap returns the underlying error.
 func (e *kafkaError) Unwrap() error { return e.err }
 
 // Snapshot returns the pipeline's current figures.

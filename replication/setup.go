@@ -78,7 +78,8 @@ type SlotState struct {
 	// Exists is false when there is no such slot; the other fields are then zero.
 	Exists bool
 	// Active reports whether a walsender streams from it, and ActivePID which process.
-	Active    bool
+	Active bool
+	// ActivePID is the process streaming from it, 0 when inactive.
 	ActivePID int
 	// WALStatus is reserved, extended, unreserved or lost.
 	WALStatus string

@@ -16,6 +16,8 @@ type Row interface {
 
 // Columns names the outbox table's columns for each role.
 type Columns struct {
+	// EventID, EventType, ... are the column names of each role; empty for an optional role that
+	// the table lacks.
 	EventID, EventType, AggregateType, AggregateID, AggregateVersion, Payload, Headers, CreatedAt string
 }
 
@@ -82,9 +84,11 @@ func NewRules(template string, topics map[string]string, fallback string, cols C
 
 // Unroutable explains why a row has no topic; such a row goes to the dead-letter topic.
 type Unroutable struct {
+	// Reason says why, for the dead-letter header.
 	Reason string
 }
 
+// Error implements error.
 func (u *Unroutable) Error() string { return u.Reason }
 
 // Topic returns the topic for row, or an *Unroutable error.

@@ -30,14 +30,16 @@ type Options struct {
 	// DLQTopic receives undeliverable rows; empty means such a row stops the router.
 	DLQTopic string
 	// CreateTopics creates missing topics with TopicPartitions and TopicReplicationFactor.
-	CreateTopics           bool
+	CreateTopics bool
+	// TopicPartitions and TopicReplicationFactor shape created topics.
 	TopicPartitions        int32
 	TopicReplicationFactor int16
 	// MaxMessageBytes is the largest record sent; larger rows are dead-lettered.
 	MaxMessageBytes int32
 	// MaxInFlightRecords and MaxInFlightBytes cap what is handed to Kafka and not yet acknowledged.
 	MaxInFlightRecords int
-	MaxInFlightBytes   int64
+	// MaxInFlightBytes caps the bytes of those records.
+	MaxInFlightBytes int64
 	// Linger is the producer's linger.
 	Linger time.Duration
 	// Logger receives the router's log lines.
@@ -84,10 +86,12 @@ type Source struct {
 // UndeliverableError is returned when a row can never be delivered and no dead-letter topic is set.
 // Replaying cannot help: the operator must act.
 type UndeliverableError struct {
+	// EventID names the row; Reason says why it can never be delivered.
 	EventID string
 	Reason  string
 }
 
+// Error implements error.
 func (e *UndeliverableError) Error() string {
 	return fmt.Sprintf("event %s can never be delivered and routing.dlq_topic is not set: %s", e.EventID, e.Reason)
 }
@@ -417,8 +421,10 @@ func (r *Router) Close() {
 // down; the pipeline reports a stall once in a while instead.
 type kgoLogger struct{ l *slog.Logger }
 
+// Level implements kgo.Logger.
 func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelError }
 
+// Log implements kgo.Logger.
 func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	lvl := slog.LevelWarn
 	if level == kgo.LogLevelError {

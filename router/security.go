@@ -21,9 +21,11 @@ type Security struct {
 	// client certificate for mutual TLS. InsecureSkipVerify turns verification off (tests only).
 	TLS                       bool
 	CAFile, CertFile, KeyFile string
-	InsecureSkipVerify        bool
+	// InsecureSkipVerify turns certificate verification off (tests only).
+	InsecureSkipVerify bool
 	// SASLMechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty turns SASL off.
-	SASLMechanism          string
+	SASLMechanism string
+	// SASLUser and SASLPassword are the SASL credentials.
 	SASLUser, SASLPassword string
 }
 

@@ -18,14 +18,14 @@ import (
 
 // Event is one outbox row written by a test.
 type Event struct {
-	ID       string
-	Type     string
-	AggType  string
-	AggID    string
-	Version  int64
-	Payload  string
-	Headers  string // JSON object or ""
-	TxNumber int
+	// ID, Type, AggType, AggID, Version, Payload and Headers are the row's columns.
+	ID      string
+	Type    string
+	AggType string
+	AggID   string
+	Version int64
+	Payload string
+	Headers string // JSON object or ""
 }
 
 // Generator hands out events with per-aggregate increasing versions.
