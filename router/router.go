@@ -104,7 +104,11 @@ type Router struct {
 	admin   *kadm.Client
 	log     *slog.Logger
 	limiter *limiter
-	limits  *sync.Map // topic -> int32: the largest batch the topic takes (min of its max.message.bytes and ours)
+	limits  *sync.Map             // topic -> int32: the largest batch the topic takes (min of its max.message.bytes and ours)
+	preps   map[string]*topicPrep // topics being prepared; used by Prepare's goroutine only
+
+	closeCtx context.Context // ends when the router closes
+	closeFn  context.CancelFunc
 
 	failOnce sync.Once
 	failed   chan struct{}
@@ -151,14 +155,18 @@ func New(opts Options) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
+	closeCtx, closeFn := context.WithCancel(context.Background())
 	return &Router{
-		opts:    opts,
-		client:  client,
-		admin:   kadm.NewClient(client),
-		log:     opts.Logger,
-		limiter: newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
-		limits:  limits,
-		failed:  make(chan struct{}),
+		opts:     opts,
+		client:   client,
+		admin:    kadm.NewClient(client),
+		log:      opts.Logger,
+		limiter:  newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
+		limits:   limits,
+		preps:    make(map[string]*topicPrep),
+		closeCtx: closeCtx,
+		closeFn:  closeFn,
+		failed:   make(chan struct{}),
 	}, nil
 }
 
@@ -362,45 +370,79 @@ func (r *Router) trackInFlight() {
 	r.opts.Counters.InFlightBytes.Store(b)
 }
 
+// topicPrep is a topic's preparation under way: it outlives the short waits of Prepare, so that a
+// slow CreateTopics or DescribeConfigs is not restarted on every retry.
+type topicPrep struct {
+	done  chan struct{}
+	limit int32
+	err   error
+}
+
+// topicPrepTimeout bounds one topic's preparation.
+const topicPrepTimeout = 30 * time.Second
+
 // prepareTopic makes sure topic exists (creating it if topic creation is on) and returns the largest
 // batch it takes: the smaller of its max.message.bytes and kafka.max_message_bytes. It asks Kafka once
-// per topic and router.
+// per topic and router; while it waits, ctx may end and a later call picks the same work up.
 func (r *Router) prepareTopic(ctx context.Context, topic string) (int32, error) {
 	if v, ok := r.limits.Load(topic); ok {
 		return v.(int32), nil
 	}
+	p, ok := r.preps[topic]
+	if !ok {
+		p = &topicPrep{done: make(chan struct{})}
+		r.preps[topic] = p
+		go func() {
+			pctx, cancel := context.WithTimeout(r.closeCtx, topicPrepTimeout)
+			defer cancel()
+			p.limit, p.err = r.fetchTopic(pctx, topic)
+			close(p.done)
+		}()
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	delete(r.preps, topic)
+	if p.err != nil {
+		return 0, p.err
+	}
+	r.limits.Store(topic, p.limit)
+	return p.limit, nil
+}
+
+// fetchTopic creates topic if topic creation is on and reads its max.message.bytes.
+func (r *Router) fetchTopic(ctx context.Context, topic string) (int32, error) {
 	if r.opts.CreateTopics {
 		resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
 		switch {
 		case err == nil:
 			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
 		case errors.Is(err, kerr.TopicAlreadyExists):
-		case ctx.Err() != nil:
-			return 0, ctx.Err()
 		default:
 			return 0, fmt.Errorf("create topic %s: %w", topic, err)
 		}
 	}
 	limit := r.opts.MaxMessageBytes
 	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
-	if err != nil && ctx.Err() != nil {
-		return 0, ctx.Err()
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("read the configuration of topic %s: %w", topic, err)
+		}
+		r.log.Warn("cannot read the topic's max.message.bytes; assuming kafka.max_message_bytes", "topic", topic, "error", err.Error())
+		return limit, nil
 	}
-	if err == nil {
-		if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
-			for _, c := range rc.Configs {
-				if c.Key != "max.message.bytes" || c.Value == nil {
-					continue
-				}
-				if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < limit {
-					limit = int32(n)
-				}
+	if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < limit {
+				limit = int32(n)
 			}
 		}
-	} else {
-		r.log.Warn("cannot read the topic's max.message.bytes; assuming kafka.max_message_bytes", "topic", topic, "error", err.Error())
 	}
-	r.limits.Store(topic, limit)
 	return limit, nil
 }
 
@@ -414,6 +456,7 @@ func (r *Router) Flush(ctx context.Context) error {
 
 // Close closes the Kafka client; records not yet acknowledged are failed and never acknowledged.
 func (r *Router) Close() {
+	r.closeFn()
 	r.client.Close()
 }
 

@@ -191,3 +191,56 @@ func TestLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSlowTopicCreationIsNotRestarted: when creating a topic takes longer than one Prepare may wait,
+// the next Prepare picks up the same creation instead of starting another one.
+func TestSlowTopicCreationIsNotRestarted(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var creates atomic.Int32
+	c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		creates.Add(1)
+		time.Sleep(1500 * time.Millisecond)
+		return nil, nil, false
+	})
+	rules, err := NewRules("{event_type}", nil, "", defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, CreateTopics: true,
+		TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	attempts := 0
+	for {
+		attempts++
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		p, err := r.Prepare(ctx, row("slowtopic", "e1"), Source{})
+		cancel()
+		if err == nil {
+			acked := make(chan struct{})
+			r.Produce(p, func() { close(acked) })
+			select {
+			case <-acked:
+			case <-time.After(10 * time.Second):
+				t.Fatal("record not acknowledged")
+			}
+			break
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || attempts > 50 {
+			t.Fatalf("attempt %d: %v", attempts, err)
+		}
+	}
+	if attempts < 2 {
+		t.Fatalf("the creation took %d attempt(s); the test needs it to outlast one", attempts)
+	}
+	if n := creates.Load(); n != 1 {
+		t.Fatalf("%d CreateTopics requests over %d attempts, want 1", n, attempts)
+	}
+}
