@@ -383,7 +383,8 @@ func TestTopicMaxMessageBytesIsRespected(t *testing.T) {
 	}
 }
 
-// TestKafkaSASL: the router authenticates with SASL/PLAIN; a wrong password is a clear error.
+// TestKafkaSASL: the router authenticates with SASL/PLAIN and SCRAM-SHA-256; a wrong password is a
+// clear error.
 func TestKafkaSASL(t *testing.T) {
 	f := testenv.NewFixture(t)
 	cfg := testConfig(f)
@@ -398,7 +399,18 @@ func TestKafkaSASL(t *testing.T) {
 	if _, err := p.newRouter(ctx); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authentication") {
 		t.Fatalf("wrong SASL password: %v, want an authentication error", err)
 	}
-	cfg.Kafka.SASL.Password = "outbox-secret"
+	for _, mechanism := range []string{"SCRAM-SHA-256", "PLAIN"} {
+		cfg.Kafka.SASL = config.KafkaSASL{Mechanism: mechanism, Username: "outbox", Password: "outbox-secret"}
+		p, err := New(cfg, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := p.newRouter(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", mechanism, err)
+		}
+		rt.Close()
+	}
 	startPipeline(t, cfg)
 	gen := testenv.NewGenerator(2, "Secured")
 	evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(0)}
@@ -406,5 +418,33 @@ func TestKafkaSASL(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Secured"), len(evs), time.Minute)
+	testenv.VerifyDelivery(t, f, evs, got)
+}
+
+// TestKafkaTLS: the router verifies the broker against kafka.tls.ca_file; without it, the broker's
+// private CA is refused.
+func TestKafkaTLS(t *testing.T) {
+	f := testenv.NewFixture(t)
+	brokers, ca := testenv.TLSBrokers(t)
+	cfg := testConfig(f)
+	cfg.Kafka.Brokers = brokers
+	cfg.Kafka.TLS = config.KafkaTLS{Enabled: true}
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if _, err := p.newRouter(ctx); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("TLS without the private CA: %v, want a certificate error", err)
+	}
+	cfg.Kafka.TLS.CAFile = ca
+	startPipeline(t, cfg)
+	gen := testenv.NewGenerator(2, "Encrypted")
+	evs := []testenv.Event{gen.Event(0), gen.Event(1)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Encrypted"), len(evs), time.Minute)
 	testenv.VerifyDelivery(t, f, evs, got)
 }

@@ -16,6 +16,7 @@ PG_PORT="${OUTBOX_CDC_PG_PORT:-55432}"
 KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_SASL_PORT="${OUTBOX_CDC_KAFKA_SASL_PORT:-59094}"
+KAFKA_TLS_PORT="${OUTBOX_CDC_KAFKA_TLS_PORT:-59095}"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 KAFKA_LIBS="$DEV/kafka-libs"
 KAFKA_DIR="$DEV/kafka"
@@ -129,23 +130,43 @@ kafka_running() {
   [ -f "$KAFKA_DIR/kafka.pid" ] && kill -0 "$(cat "$KAFKA_DIR/kafka.pid")" 2>/dev/null
 }
 
+# A private CA and a server certificate for 127.0.0.1, for the broker's TLS listener (tests of kafka.tls.*).
+kafka_tls() {
+  local dir="$KAFKA_DIR/tls"
+  if [ -f "$dir/server.pem" ]; then return; fi
+  command -v openssl >/dev/null || die "openssl is needed for the test broker's TLS listener (apt-get install -y openssl)"
+  mkdir -p "$dir"
+  (
+    cd "$dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3650 -subj /CN=outbox-cdc-dev-ca 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.crt -days 3650 -extfile san.ext 2>/dev/null
+    cat server.key server.crt > server.pem
+  ) || die "could not make the test broker's certificate"
+}
+
 kafka_up() {
   command -v java >/dev/null || die "java 17+ is needed to run the Kafka broker (apt-get install -y openjdk-17-jre-headless)"
   kafka_libs
   if kafka_running; then log "kafka already running on port $KAFKA_PORT"; return; fi
+  kafka_tls
   mkdir -p "$KAFKA_DIR/data"
   cat > "$KAFKA_DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
-# A SASL/PLAIN listener with one user, for the tests of kafka.sasl.*
-sasl.enabled.mechanisms=PLAIN
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
+# A SASL listener (PLAIN and SCRAM-SHA-256, user outbox) and a TLS listener, for the tests of kafka.sasl.* and kafka.tls.*
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_outbox="outbox-secret";
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.ssl.ssl.keystore.type=PEM
+listener.name.ssl.ssl.keystore.location=$KAFKA_DIR/tls/server.pem
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -176,7 +197,8 @@ L4J
     local id; id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
     log "formatting kafka storage (cluster id $id)"
     java -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool \
-      format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" >/dev/null
+      format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" \
+      --add-scram 'SCRAM-SHA-256=[name=outbox,password=outbox-secret]' >/dev/null
   fi
   log "starting kafka on 127.0.0.1:$KAFKA_PORT"
   nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
@@ -207,6 +229,8 @@ OUTBOX_CDC_POSTGRES=postgres://outbox:outbox@127.0.0.1:$PG_PORT/outbox
 OUTBOX_CDC_BROKERS=127.0.0.1:$KAFKA_PORT
 OUTBOX_CDC_TEST_ADMIN_POSTGRES=postgres://postgres:postgres@127.0.0.1:$PG_PORT/outbox
 OUTBOX_CDC_TEST_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
+OUTBOX_CDC_TEST_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
+OUTBOX_CDC_TEST_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
 ENV
   log "wrote $DEV/env"
 }

@@ -322,3 +322,14 @@ func SASLBrokers(t testing.TB) []string {
 	}
 	return strings.Split(v, ",")
 }
+
+// TLSBrokers returns the local broker's TLS listener and the PEM file of the CA that signed it.
+func TLSBrokers(t testing.TB) (brokers []string, caFile string) {
+	t.Helper()
+	Brokers(t)
+	v, ca := lookup(t, "OUTBOX_CDC_TEST_TLS_BROKERS"), lookup(t, "OUTBOX_CDC_TEST_TLS_CA_FILE")
+	if v == "" || ca == "" {
+		t.Fatalf("OUTBOX_CDC_TEST_TLS_BROKERS / OUTBOX_CDC_TEST_TLS_CA_FILE are not set and .dev/env lacks them: %s", startHint)
+	}
+	return strings.Split(v, ","), ca
+}
