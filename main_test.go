@@ -275,9 +275,6 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 
 // TestConfigErrorsNameTheKey: a bad setting stops the router at start with the key's name.
 func TestConfigErrorsNameTheKey(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
 	cmd := exec.Command(binary, "run", "--postgres", "postgres://u:secret@127.0.0.1:1/db", "--brokers", "127.0.0.1:1")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=0", "OUTBOX_CDC_SLOT=Bad-Slot")
 	out, err := cmd.CombinedOutput()

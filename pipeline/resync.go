@@ -183,8 +183,8 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, db *pgconn.PgConn, o Res
 		if err != nil {
 			return err
 		}
-		topic, problem := router.Plan(p.rules, columns(p.cfg), row, p.cfg.Kafka.MaxMessageBytes)
-		if problem != nil {
+		topic := prepared.Topic()
+		if topic == "" {
 			topic = "(dead-letter)"
 		}
 		res.PerTopic[topic]++

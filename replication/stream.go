@@ -56,10 +56,15 @@ type Stream struct {
 	rels     map[uint32]*relation
 	counters *Counters
 
-	tracker  *checkpoint.Tracker
-	current  *checkpoint.Tx // the transaction being received, nil between transactions
-	lastSent time.Time
-	sentLSN  LSN
+	tracker *checkpoint.Tracker
+	current *checkpoint.Tx // the transaction being received, nil between transactions
+
+	// wait bounds blocking (a receive, a wait for in-flight room) to receiveWait; one context serves
+	// every message until it expires, rather than one timer per message.
+	wait       context.Context
+	cancelWait context.CancelFunc
+	lastSent   time.Time
+	sentLSN    LSN
 }
 
 // Options configure a Stream.
@@ -149,13 +154,16 @@ func (s *Stream) StartLSN() LSN { return s.sentLSN }
 // StartLSN and be used by this stream only.
 func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) error {
 	s.tracker = tr
+	defer func() {
+		if s.cancelWait != nil {
+			s.cancelWait()
+		}
+	}()
 	for {
 		if err := s.maybeSendStatus(false); err != nil {
 			return err
 		}
-		rctx, cancel := context.WithTimeout(ctx, s.receiveWait())
-		msg, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		msg, err := s.conn.ReceiveMessage(s.waitContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -178,6 +186,18 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 			s.log.Debug("unexpected replication message", "type", fmt.Sprintf("%T", msg))
 		}
 	}
+}
+
+// waitContext returns the current wait context, starting a new one of receiveWait when the last one
+// expired.
+func (s *Stream) waitContext(ctx context.Context) context.Context {
+	if s.wait == nil || s.wait.Err() != nil {
+		if s.cancelWait != nil {
+			s.cancelWait()
+		}
+		s.wait, s.cancelWait = context.WithTimeout(ctx, s.receiveWait())
+	}
+	return s.wait
 }
 
 // receiveWait is how long one receive may block: short enough to confirm a moved watermark within
@@ -293,9 +313,7 @@ func (s *Stream) countIgnored(id uint32, outboxCounter *atomic.Int64) {
 // stream reads no WAL: PostgreSQL holds the backlog, and memory stays bounded.
 func (s *Stream) deliver(ctx context.Context, h Handler, row Row) error {
 	for {
-		dctx, cancel := context.WithTimeout(ctx, s.receiveWait())
-		err := h.Deliver(dctx, s.current, row)
-		cancel()
+		err := h.Deliver(s.waitContext(ctx), s.current, row)
 		if err == nil {
 			return nil
 		}

@@ -221,35 +221,39 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.MaxMessageBytes)
-	p := &Prepared{rec: rec, src: src, size: int64(min(recordSize(rec), int(r.opts.MaxMessageBytes))), dlqClass: class}
+	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.MaxMessageBytes)
+	if problem == nil {
+		limit, err := r.prepareTopic(ctx, rec.Topic)
+		if err != nil {
+			return nil, err
+		}
+		if size > int(limit)-512 {
+			problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, limit)}
+			class = "too_large"
+		}
+	}
+	p := &Prepared{rec: rec, src: src, size: int64(min(size, int(r.opts.MaxMessageBytes)))}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
 			err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: problem.Error()}
 			r.fail(err)
 			return nil, err
 		}
-		p.dlqReason = problem.Error()
-	} else {
-		limit, err := r.prepareTopic(ctx, rec.Topic)
-		if err != nil {
-			return nil, err
-		}
-		if size := recordSize(rec); size > int(limit)-512 {
-			reason := fmt.Sprintf("record of %d bytes exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, limit)
-			if r.opts.DLQTopic == "" {
-				err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: reason}
-				r.fail(err)
-				return nil, err
-			}
-			p.dlqReason, p.dlqClass = reason, "too_large"
-		}
+		p.dlqReason, p.dlqClass = problem.Error(), class
 	}
 	if err := r.limiter.Acquire(ctx, p.size); err != nil {
 		return nil, err
 	}
 	r.trackInFlight()
 	return p, nil
+}
+
+// Topic is where the prepared record goes, or "" when it goes to the dead-letter topic.
+func (p *Prepared) Topic() string {
+	if p.dlqReason != "" {
+		return ""
+	}
+	return p.rec.Topic
 }
 
 // Produce hands a prepared record to Kafka without blocking; ack runs once the record, or its
@@ -287,25 +291,26 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 	})
 }
 
-// resolve builds the record for row with its topic, or says why the row can never be delivered
-// (problem) and the class of that reason.
-func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, problem error, class string) {
+// resolve builds the record for row with its topic and size, or says why the row can never be
+// delivered (problem) and the class of that reason.
+func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
 	rec, problem = buildRecord(row, cols)
 	if problem == nil {
 		rec.Topic, problem = rules.Topic(row)
 	}
+	size = recordSize(rec)
 	class = "unroutable"
-	if problem == nil && recordSize(rec) > int(maxMessageBytes)-512 {
-		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", recordSize(rec), maxMessageBytes)}
+	if problem == nil && size > int(maxMessageBytes)-512 {
+		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
 		class = "too_large"
 	}
-	return rec, problem, class
+	return rec, size, problem, class
 }
 
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.
 // Dry runs use it.
 func Plan(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (topic string, problem error) {
-	rec, problem, _ := resolve(rules, cols, row, maxMessageBytes)
+	rec, _, problem, _ := resolve(rules, cols, row, maxMessageBytes)
 	return rec.Topic, problem
 }
 
