@@ -23,6 +23,7 @@ func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32
 type Tx struct {
 	seq        uint64
 	commitTime time.Time
+	commitLSN  LSN
 	pending    int  // records handed to Kafka and not yet acknowledged
 	committed  bool // the Commit message has been received
 	endLSN     LSN
@@ -30,6 +31,10 @@ type Tx struct {
 
 // CommitTime is the commit timestamp announced by the transaction's Begin message.
 func (t *Tx) CommitTime() time.Time { return t.commitTime }
+
+// CommitLSN is the position of the transaction's commit record announced by its Begin message
+// (BeginMessage.FinalLSN); transactions arrive in the order of this position. Zero when unknown.
+func (t *Tx) CommitLSN() LSN { return t.commitLSN }
 
 // Tracker is the ack watermark. It is safe for concurrent use: the replication stream calls Begin,
 // Add and Commit from one goroutine, the Kafka producer calls Ack from its promise goroutine.
@@ -47,13 +52,14 @@ func NewTracker(start LSN) *Tracker {
 	return &Tracker{watermark: start}
 }
 
-// Begin registers a new transaction. Transactions must be begun in commit order, which is the order
-// pgoutput sends them in when streaming is off.
-func (t *Tracker) Begin(commitTime time.Time) *Tx {
+// Begin registers a new transaction with the commit time and commit position its Begin message
+// announces. Transactions must be begun in commit order, which is the order pgoutput sends them in
+// when streaming is off.
+func (t *Tracker) Begin(commitTime time.Time, commitLSN LSN) *Tx {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.nextSeq++
-	tx := &Tx{seq: t.nextSeq, commitTime: commitTime}
+	tx := &Tx{seq: t.nextSeq, commitTime: commitTime, commitLSN: commitLSN}
 	t.queue = append(t.queue, tx)
 	return tx
 }
@@ -84,11 +90,24 @@ func (t *Tracker) Ack(tx *Tx) bool {
 
 // Commit records the end LSN of tx (CommitMessage.TransactionEndLSN). It returns true when the
 // watermark moved.
+//
+// A transaction with nothing left to acknowledge (no outbox rows, as PostgreSQL 14's empty
+// transactions and other tables' transactions are, or rows all acknowledged already) waits only for
+// its predecessors: it is folded into the committed transaction before it, whose end LSN it takes,
+// so that the queue holds one entry per transaction with records in flight, never one per
+// transaction of the database while Kafka is away.
 func (t *Tracker) Commit(tx *Tx, endLSN LSN) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tx.committed = true
 	tx.endLSN = endLSN
+	if n := len(t.queue); tx.pending == 0 && n >= 2 && t.queue[n-1] == tx && t.queue[n-2].committed {
+		prev := t.queue[n-2]
+		prev.endLSN = max(prev.endLSN, endLSN)
+		t.queue[n-1] = nil
+		t.queue = t.queue[:n-1]
+		return false // prev is still waiting for acknowledgements, or it would have been folded
+	}
 	return t.advance()
 }
 

@@ -29,7 +29,7 @@ func TestWatermarkNeverPassesUnacknowledged(t *testing.T) {
 		var records []*record
 		lsn := start
 		for i := range txs {
-			txs[i] = tr.Begin(time.Unix(int64(i), 0))
+			txs[i] = tr.Begin(time.Unix(int64(i), 0), 0)
 			rows := rng.IntN(6) // zero-row transactions happen (deletes only, filtered rows)
 			for r := 0; r < rows; r++ {
 				tr.Add(txs[i])
@@ -92,14 +92,14 @@ func TestAdvanceIdleOnlyWhenNothingInFlight(t *testing.T) {
 	}{
 		{"idle moves to keepalive", func(*Tracker) {}, 500, 500},
 		{"never moves backwards", func(*Tracker) {}, 50, 100},
-		{"half-received transaction pins", func(tr *Tracker) { tr.Begin(time.Time{}) }, 500, 100},
+		{"half-received transaction pins", func(tr *Tracker) { tr.Begin(time.Time{}, 0) }, 500, 100},
 		{"unacknowledged record pins", func(tr *Tracker) {
-			tx := tr.Begin(time.Time{})
+			tx := tr.Begin(time.Time{}, 0)
 			tr.Add(tx)
 			tr.Commit(tx, 200)
 		}, 500, 100},
 		{"acknowledged transaction then idle", func(tr *Tracker) {
-			tx := tr.Begin(time.Time{})
+			tx := tr.Begin(time.Time{}, 0)
 			tr.Add(tx)
 			tr.Commit(tx, 200)
 			tr.Ack(tx)
@@ -120,7 +120,7 @@ func TestAdvanceIdleOnlyWhenNothingInFlight(t *testing.T) {
 func TestStats(t *testing.T) {
 	tr := NewTracker(10)
 	ct := time.Unix(1700000000, 0)
-	tx := tr.Begin(ct)
+	tx := tr.Begin(ct, 0)
 	tr.Add(tx)
 	tr.Add(tx)
 	s := tr.Stats()
@@ -146,9 +146,87 @@ func TestLSNString(t *testing.T) {
 func BenchmarkTrackerRoundTrip(b *testing.B) {
 	tr := NewTracker(0)
 	for i := 0; i < b.N; i++ {
-		tx := tr.Begin(time.Time{})
+		tx := tr.Begin(time.Time{}, 0)
 		tr.Add(tx)
 		tr.Commit(tx, LSN(i+1))
 		tr.Ack(tx)
+	}
+}
+
+// TestStreamShapedTrafficStaysSafeAndBounded drives the tracker as the replication stream does (one
+// transaction received at a time: Begin, Add per row, Commit), with most transactions row-less (other
+// tables, PostgreSQL 14's empty transactions) and acknowledgements arriving at random, sometimes not
+// at all for a long while (Kafka away). After every step the watermark must not reach a transaction
+// with an unacknowledged record, and the queue must hold no more entries than transactions with
+// records in flight, plus the one being received: row-less transactions never pile up.
+func TestStreamShapedTrafficStaysSafeAndBounded(t *testing.T) {
+	for seed := uint64(1); seed <= 60; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*104729))
+		tr := NewTracker(1)
+		lsn := LSN(1)
+		type inflight struct {
+			tx  *Tx
+			end LSN // 0 until committed
+		}
+		var pending []*inflight // one per unacknowledged record
+		var withRows []*inflight // one per transaction that had records
+		var lowestUnsafe func() LSN = func() LSN {
+			low := LSN(0)
+			for _, p := range pending {
+				if p.end != 0 && (low == 0 || p.end < low) {
+					low = p.end
+				}
+			}
+			return low
+		}
+		outage := rng.IntN(2) == 0 // half the seeds: no acks for the first 80% of the traffic
+		const nTx = 2000
+		for i := 0; i < nTx; i++ {
+			tx := tr.Begin(time.Time{}, lsn+1)
+			var mine []*inflight
+			if rng.IntN(10) == 0 {
+				for r := 0; r < 1+rng.IntN(4); r++ {
+					tr.Add(tx)
+					p := &inflight{tx: tx}
+					mine = append(mine, p)
+					pending = append(pending, p)
+				}
+			}
+			lsn += LSN(1 + rng.IntN(50))
+			tr.Commit(tx, lsn)
+			for _, p := range mine {
+				p.end = lsn
+			}
+			if len(mine) > 0 {
+				withRows = append(withRows, mine[0])
+			}
+			if !(outage && i < nTx*8/10) {
+				for len(pending) > 0 && rng.IntN(3) != 0 {
+					k := rng.IntN(len(pending))
+					tr.Ack(pending[k].tx)
+					pending = append(pending[:k], pending[k+1:]...)
+				}
+			}
+			if low := lowestUnsafe(); low != 0 && tr.Watermark() >= low {
+				t.Fatalf("seed %d tx %d: watermark %s reached %s, the end of a transaction with an unacknowledged record", seed, i, tr.Watermark(), low)
+			}
+			// Transactions with records that the watermark has not passed may wait in the queue;
+			// row-less ones must not.
+			waiting := 0
+			for _, p := range withRows {
+				if p.end > tr.Watermark() {
+					waiting++
+				}
+			}
+			if open := tr.Stats().OpenTransactions; open > waiting+1 {
+				t.Fatalf("seed %d tx %d: %d transactions queued for %d with records: row-less transactions pile up", seed, i, open, waiting)
+			}
+		}
+		for _, p := range pending {
+			tr.Ack(p.tx)
+		}
+		if tr.Watermark() != lsn || !tr.Idle() {
+			t.Fatalf("seed %d: after all acks watermark %s (want %s), idle %t", seed, tr.Watermark(), lsn, tr.Idle())
+		}
 	}
 }

@@ -60,6 +60,9 @@ type Postgres struct {
 	StatusInterval time.Duration `yaml:"status_interval"`
 	// StandbyPollInterval is how often a standby instance retries a slot held by another instance.
 	StandbyPollInterval time.Duration `yaml:"standby_poll_interval"`
+	// ReceiveTimeout is the longest silence on the replication connection before it is presumed
+	// dead and replaced (a half-open socket accepts writes for minutes without a word back).
+	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
 }
 
 // Columns maps the outbox's roles to column names, like Debezium's table.field.event.* options.
@@ -167,6 +170,7 @@ func Default() Config {
 			CreatePublication:   true,
 			StatusInterval:      10 * time.Second,
 			StandbyPollInterval: 2 * time.Second,
+			ReceiveTimeout:      30 * time.Second,
 			Columns: Columns{
 				EventID:          "event_id",
 				EventType:        "event_type",
@@ -255,6 +259,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Postgres.StatusInterval < 100*time.Millisecond || c.Postgres.StatusInterval > 50*time.Second {
 		bad("postgres.status_interval", "must be between 100ms and 50s (below wal_sender_timeout), got %s", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.ReceiveTimeout < 2*c.Postgres.StatusInterval {
+		bad("postgres.receive_timeout", "must be at least twice postgres.status_interval (%s), got %s", c.Postgres.StatusInterval, c.Postgres.ReceiveTimeout)
 	}
 	if c.Postgres.StandbyPollInterval <= 0 {
 		bad("postgres.standby_poll_interval", "must be positive, got %s", c.Postgres.StandbyPollInterval)

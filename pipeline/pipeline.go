@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
@@ -88,11 +90,66 @@ func columns(cfg config.Config) router.Columns {
 	}
 }
 
+// columnRoles are the columns the router reads, checked at set-up against the table and on every
+// Relation message of the stream: the four without which no record can be built, and the topic
+// template's columns, are required; the header columns are optional.
+func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRole {
+	c := cfg.Postgres.Columns
+	roles := []replication.ColumnRole{
+		{Column: c.EventID, Key: "postgres.columns.event_id", Required: true},
+		{Column: c.EventType, Key: "postgres.columns.event_type", Required: true},
+		{Column: c.AggregateID, Key: "postgres.columns.aggregate_id", Required: true},
+		{Column: c.Payload, Key: "postgres.columns.payload", Required: true},
+	}
+	for _, o := range []replication.ColumnRole{
+		{Column: c.AggregateType, Key: "postgres.columns.aggregate_type"},
+		{Column: c.AggregateVersion, Key: "postgres.columns.aggregate_version"},
+		{Column: c.Headers, Key: "postgres.columns.headers"},
+		{Column: c.CreatedAt, Key: "postgres.columns.created_at"},
+	} {
+		if o.Column != "" {
+			roles = append(roles, o)
+		}
+	}
+	for _, col := range rules.TemplateColumns() {
+		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == col })
+		if i < 0 {
+			roles = append(roles, replication.ColumnRole{Column: col, Key: "routing.topic", Required: true})
+		} else {
+			roles[i].Required = true
+		}
+	}
+	return roles
+}
+
+// outbox names the configured outbox table and publication.
+func (p *Pipeline) outbox() replication.Outbox {
+	schema, table := replication.SplitTable(p.cfg.Postgres.Table)
+	return replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication}
+}
+
 // permanent reports errors that replaying cannot fix: the operator must act.
 func permanent(err error) bool {
 	var undeliverable *router.UndeliverableError
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28000", "28P01", "3D000": // no access (pg_hba, no REPLICATION attribute), wrong password, no such database
+			return true
+		}
+	}
 	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrResyncInterrupted)
+		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, router.ErrConfig)
+}
+
+// carried is what one session leaves to the next.
+type carried struct {
+	// standby is true while this instance waits for a slot another one holds.
+	standby bool
+	// lastPID is the walsender of the previous session: if it still holds the slot, the connection
+	// died without the server noticing, and the next session ends it rather than wait as a standby
+	// for wal_sender_timeout.
+	lastPID int
 }
 
 // Run streams until ctx ends (then it stops gracefully and returns nil) or a permanent error occurs.
@@ -103,14 +160,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bo.InitialInterval = 500 * time.Millisecond
 	bo.MaxInterval = 30 * time.Second
 	bo.RandomizationFactor = 0.5
-	standby := false
+	var c carried
 	defer p.state.Store(int32(StateStopped))
 	monitorCtx, stopMonitor := context.WithCancel(ctx)
 	defer stopMonitor()
 	go p.pollSlot(monitorCtx)
 	for {
 		started := time.Now()
-		err := p.runOnce(ctx, &standby)
+		err := p.runOnce(ctx, &c)
 		p.state.Store(int32(StateStarting))
 		if ctx.Err() != nil {
 			return nil
@@ -121,9 +178,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 		var wait time.Duration
 		if errors.Is(err, replication.ErrSlotInUse) {
-			if !standby {
+			if !c.standby {
 				p.log.Info("slot is in use by another instance: waiting as hot standby", "slot", p.cfg.Postgres.Slot, "reason", err.Error())
-				standby = true
+				c.standby = true
 			}
 			p.state.Store(int32(StateStandby))
 			wait = p.cfg.Postgres.StandbyPollInterval
@@ -133,7 +190,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 			wait = bo.NextBackOff()
 			p.obs.countError(errorClass(err))
-			p.log.Warn("pipeline stopped; replaying from the slot after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
+			p.log.Warn("pipeline stopped (transient failure); replaying from the slot after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
 		}
 		select {
 		case <-ctx.Done():
@@ -143,21 +200,134 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 }
 
-// runOnce is one session: connect, set up, stream until failure or ctx's end.
-func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
+// runOnce is one session: check Kafka, set up, stream until failure or ctx's end.
+func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	cfg := p.cfg
+	// Kafka first: a session that cannot deliver would only hold the slot and replay.
+	rt, err := p.newRouter(ctx)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+
+	cat, res, err := p.setup(ctx, c)
+	if err != nil {
+		return err
+	}
+	v := &verifier{url: cfg.Postgres.URL, cat: cat, outbox: p.outbox(), log: p.log, obs: &p.obs, oid: res.Verified.TableOID}
+	v.limit.Store(uint64(res.Verified.LSN))
+	p.obs.markVerified(time.Now())
+	defer v.close()
+
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		return err
 	}
-	schema, table := replication.SplitTable(cfg.Postgres.Table)
-	res, err := replication.Setup(ctx, conn, replication.SetupOptions{
-		Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Schema: schema, Table: table,
-		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot,
+	stream, err := replication.Start(ctx, conn, replication.Options{
+		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Columns: columnRoles(cfg, p.rules), StartLSN: res.Slot.ConfirmedFlush,
+		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: v.confirmLimit,
+		Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
 		_ = conn.Close(context.Background())
 		return err
+	}
+	defer func() { _ = stream.Close(context.Background()) }()
+	c.lastPID = stream.BackendPID()
+
+	if c.standby {
+		p.log.Info("took over the slot from the previous instance", "slot", cfg.Postgres.Slot)
+		c.standby = false
+	}
+	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
+	p.obs.setTracker(tracker)
+	defer p.obs.setTracker(nil)
+	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
+		"table", cfg.Postgres.Table, "from_lsn", res.Slot.ConfirmedFlush.String())
+
+	p.state.Store(int32(StateStreaming))
+	streamCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-rt.Failed():
+			cancel(rt.Err())
+		case <-streamCtx.Done():
+		}
+	}()
+	verifying := make(chan struct{})
+	go func() {
+		defer close(verifying)
+		v.run(streamCtx, cancel)
+	}()
+	go p.reportStalls(streamCtx, tracker)
+	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
+	if ctx.Err() == nil && errors.Is(runErr, context.Canceled) {
+		if cause := context.Cause(streamCtx); cause != nil {
+			runErr = cause
+		}
+	}
+	if rerr := rt.Err(); rerr != nil {
+		runErr = &kafkaError{rerr}
+	}
+	cancel(nil)
+	<-verifying
+
+	graceful := ctx.Err() != nil && rt.Err() == nil
+	if graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil) {
+		// Everything handed to Kafka before the stop is delivered and confirmed: a restart resumes
+		// exactly where this session stopped.
+		p.drain(rt, tracker)
+	}
+	if graceful {
+		// One more verification, so that the final confirm covers what was just acknowledged.
+		vctx, vcancel := context.WithTimeout(context.Background(), verifyTimeout)
+		if err := v.once(vctx); err != nil {
+			p.log.Warn("shutdown: could not verify the outbox once more; confirming up to the last verification", "error", err.Error())
+		}
+		vcancel()
+	}
+	// One last status update: everything acknowledged so far, and nothing more.
+	if cerr := stream.Confirm(); cerr != nil && runErr == nil {
+		runErr = cerr
+	}
+	if graceful {
+		st := tracker.Stats()
+		p.log.Info("stopped", "confirmed_lsn", p.Replication.ConfirmedLSN.Load(), "unacknowledged_records", st.PendingRecords)
+		return nil
+	}
+	return runErr
+}
+
+// setup opens the catalog connection and checks (and creates) what the stream needs. A slot still
+// held by this process's previous session is taken back.
+func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog, replication.SetupResult, error) {
+	cfg := p.cfg
+	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return nil, replication.SetupResult{}, err
+	}
+	opts := replication.SetupOptions{
+		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
+		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot,
+	}
+	res, err := cat.Setup(ctx, opts)
+	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {
+		ended, terr := cat.TerminateSlotHolder(ctx, cfg.Postgres.Slot, c.lastPID)
+		if terr != nil {
+			err = errors.Join(err, terr)
+		} else if ended {
+			p.log.Warn("ended this process's previous replication session, which still held the slot (its connection died without the server noticing)",
+				"slot", cfg.Postgres.Slot, "pid", c.lastPID)
+			for i := 0; i < 50 && errors.Is(err, replication.ErrSlotInUse); i++ {
+				time.Sleep(100 * time.Millisecond)
+				res, err = cat.Setup(ctx, opts)
+			}
+		}
+	}
+	if err != nil {
+		_ = cat.Close(context.Background())
+		return nil, res, err
 	}
 	if res.CreatedPublication {
 		p.log.Info("created publication", "publication", cfg.Postgres.Publication, "table", cfg.Postgres.Table)
@@ -165,61 +335,101 @@ func (p *Pipeline) runOnce(ctx context.Context, standby *bool) (err error) {
 	if res.CreatedSlot {
 		p.log.Info("created replication slot", "slot", cfg.Postgres.Slot)
 	}
-
-	stream, err := replication.Start(ctx, conn, replication.Options{
-		Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Schema: schema, Table: table,
-		StatusInterval: cfg.Postgres.StatusInterval, Logger: p.log, Counters: &p.Replication,
-	})
-	if err != nil {
-		_ = conn.Close(context.Background())
-		return err
+	for _, w := range res.Warnings {
+		p.log.Warn(w)
 	}
-	defer func() { _ = stream.Close(context.Background()) }()
+	return cat, res, nil
+}
 
-	rt, err := p.newRouter(ctx)
-	if err != nil {
-		return err
-	}
-	defer rt.Close()
+// verifyInterval is how often the outbox's publication is verified while streaming: confirms are
+// held at the last verified position, so this bounds how far they trail the watermark.
+const verifyInterval = 500 * time.Millisecond
 
-	if *standby {
-		p.log.Info("took over the slot from the previous instance", "slot", cfg.Postgres.Slot)
-		*standby = false
-	}
-	tracker := checkpoint.NewTracker(stream.StartLSN())
-	p.obs.setTracker(tracker)
-	defer p.obs.setTracker(nil)
-	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
-		"table", cfg.Postgres.Table, "from_lsn", stream.StartLSN().String())
+// verifyTimeout bounds one verification.
+const verifyTimeout = 5 * time.Second
 
-	p.state.Store(int32(StateStreaming))
-	streamCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
+// verifier checks, every verifyInterval, that the outbox is still published, and keeps the position
+// up to which that was last seen: no status update confirms past it. A table dropped, or removed
+// from the publication, stops the session; until the check succeeds again, confirms wait.
+type verifier struct {
+	url    string
+	cat    *replication.Catalog // nil after a failure, until reconnected
+	outbox replication.Outbox
+	log    *slog.Logger
+	obs    *observed
+	oid    uint32
+	limit  atomic.Uint64
+	failed bool // the last check failed (logged once per streak)
+}
+
+// confirmLimit is the stream's ConfirmLimit.
+func (v *verifier) confirmLimit() checkpoint.LSN { return checkpoint.LSN(v.limit.Load()) }
+
+// run verifies until ctx ends; an outbox that changed under the stream is reported through fail.
+func (v *verifier) run(ctx context.Context, fail context.CancelCauseFunc) {
+	tick := time.NewTicker(verifyInterval)
+	defer tick.Stop()
+	for {
 		select {
-		case <-rt.Failed():
-			cancel()
-		case <-streamCtx.Done():
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
-	}()
-	go p.reportStalls(streamCtx, tracker)
-	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
-	if rerr := rt.Err(); rerr != nil {
-		runErr = &kafkaError{rerr}
+		if err := v.once(ctx); err != nil {
+			if errors.Is(err, replication.ErrOutboxChanged) {
+				fail(err)
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if !v.failed {
+				v.log.Warn("cannot verify that the outbox is still published; confirms wait until it can be", "error", err.Error())
+			}
+			v.failed = true
+		}
 	}
-	if ctx.Err() != nil && rt.Err() == nil {
-		p.drain(rt, tracker)
+}
+
+// once verifies now, reconnecting first if the last check lost the connection.
+func (v *verifier) once(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
+	if v.cat == nil {
+		cat, err := replication.OpenCatalog(ctx, v.url)
+		if err != nil {
+			return err
+		}
+		v.cat = cat
 	}
-	// One last status update: everything acknowledged so far, and nothing more.
-	if cerr := stream.Confirm(); cerr != nil && runErr == nil {
-		runErr = cerr
+	res, err := v.cat.VerifyOutbox(ctx, v.outbox)
+	if err != nil {
+		if !errors.Is(err, replication.ErrOutboxChanged) {
+			v.close() // the connection may be broken; the next check opens a new one
+		}
+		return err
 	}
-	if ctx.Err() != nil && rt.Err() == nil {
-		st := tracker.Stats()
-		p.log.Info("stopped", "confirmed_lsn", st.Watermark.String(), "unacknowledged_records", st.PendingRecords)
-		return nil
+	if res.TableOID != v.oid {
+		v.log.Warn("the outbox table was dropped and re-created into the publication: rows inserted into it before it joined the publication are not in the stream (replay rows still in the table with outbox-cdc resync)",
+			"table", v.outbox.String(), "old_oid", v.oid, "new_oid", res.TableOID)
+		v.oid = res.TableOID
 	}
-	return runErr
+	if v.failed {
+		v.log.Info("the outbox is verified again; confirms resume")
+		v.failed = false
+	}
+	if res.LSN > v.confirmLimit() {
+		v.limit.Store(uint64(res.LSN))
+	}
+	v.obs.markVerified(time.Now())
+	return nil
+}
+
+func (v *verifier) close() {
+	if v.cat != nil {
+		_ = v.cat.Close(context.Background())
+		v.cat = nil
+	}
 }
 
 // newRouter creates the router every delivery path uses (run and resync) and checks that Kafka answers.

@@ -2,13 +2,11 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -59,101 +57,109 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 		o.Out = io.Discard
 	}
 	res := ResyncResult{PerTopic: map[string]int64{}}
-	cfg := p.cfg
-	schema, table := replication.SplitTable(cfg.Postgres.Table)
-	repl, err := replication.Connect(ctx, cfg.Postgres.URL)
-	if err != nil {
-		return res, err
-	}
-	defer func() { _ = repl.Close(context.Background()) }()
-
 	if o.DryRun {
 		return p.dryRun(ctx, o, res)
 	}
-	if _, err := replication.Setup(ctx, repl, replication.SetupOptions{
-		Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Schema: schema, Table: table,
-		CreatePublication: cfg.Postgres.CreatePublication, SkipSlot: true,
-	}); err != nil {
+	if err := p.resyncSnapshot(ctx, o, &res); err != nil {
 		return res, err
 	}
-	slot, err := replication.InspectSlot(ctx, repl, cfg.Postgres.Slot)
-	if err != nil {
-		return res, err
-	}
-	if slot.Exists {
-		held := slotWALHeld(ctx, repl, cfg.Postgres.Slot)
-		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %s of WAL\n",
-			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, held)
-		if slot.Active {
-			return res, fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
-		}
-		if !o.Yes {
-			if o.Confirm == nil || !o.Confirm(fmt.Sprintf("Drop slot %s and replay the outbox table from a new snapshot?", cfg.Postgres.Slot)) {
-				return res, fmt.Errorf("%w: slot %q exists; pass --yes to drop and recreate it", replication.ErrNotSetUp, cfg.Postgres.Slot)
-			}
-		}
-	}
-	// From here until every snapshot row is acknowledged, a marker says the slot's start is not
-	// complete: run refuses to stream from it, so an interrupted resync cannot silently skip rows.
-	if err := replication.CreateResyncMarker(ctx, repl, cfg.Postgres.Slot); err != nil {
-		return res, err
-	}
-	if slot.Exists {
-		if err := replication.DropSlot(ctx, repl, cfg.Postgres.Slot); err != nil {
-			return res, err
-		}
-		p.log.Info("dropped replication slot for resync", "slot", cfg.Postgres.Slot)
-	}
-	cp, snapshot, err := replication.CreateSlotWithSnapshot(ctx, repl, cfg.Postgres.Slot)
-	if err != nil {
-		return res, err
-	}
-	res.ConsistentPoint = cp
-	p.log.Info("created replication slot with snapshot", "slot", cfg.Postgres.Slot, "consistent_point", cp.String())
-
-	db, err := pgconn.Connect(ctx, cfg.Postgres.URL)
-	if err != nil {
-		return res, fmt.Errorf("connect for the snapshot: %w", err)
-	}
-	defer func() { _ = db.Close(context.Background()) }()
-	if err := execAll(ctx, db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-		"SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-		return res, fmt.Errorf("import the slot's snapshot: %w", err)
-	}
-	// The snapshot lives on in db's transaction; the exporting connection is no longer needed.
-	_ = repl.Close(ctx)
-
-	if err := p.publishSnapshot(ctx, db, o, cp, &res); err != nil {
-		return res, err
-	}
-	if err := execAll(ctx, db, "COMMIT"); err != nil {
-		return res, fmt.Errorf("end the snapshot transaction: %w", err)
-	}
-	if err := dropMarker(ctx, cfg.Postgres.URL, cfg.Postgres.Slot); err != nil {
-		return res, err
-	}
-	p.log.Info("snapshot published", "rows", res.Rows, "consistent_point", cp.String())
+	p.log.Info("snapshot published", "rows", res.Rows, "consistent_point", res.ConsistentPoint.String())
 	if o.SnapshotOnly {
 		return res, nil
 	}
 	return res, p.Run(ctx)
 }
 
-// dropMarker removes the resync marker once the snapshot is fully acknowledged.
-func dropMarker(ctx context.Context, url, slot string) error {
-	conn, err := replication.Connect(ctx, url)
+// resyncSnapshot recreates the slot and publishes its snapshot. It holds the slot's resync lock
+// throughout, so that a router waits as a standby meanwhile and a second resync is refused.
+func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *ResyncResult) error {
+	cfg := p.cfg
+	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	return replication.DropResyncMarker(ctx, conn, slot)
+	defer func() { _ = cat.Close(context.Background()) }()
+	if err := cat.LockResync(ctx, cfg.Postgres.Slot); err != nil {
+		return err
+	}
+	if _, err := cat.Setup(ctx, replication.SetupOptions{
+		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
+		CreatePublication: cfg.Postgres.CreatePublication, SkipSlot: true,
+	}); err != nil {
+		return err
+	}
+	slot, err := cat.Slot(ctx, cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	if slot.Exists {
+		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %s of WAL\n",
+			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, cat.WALHeld(ctx, cfg.Postgres.Slot))
+		if slot.Active {
+			return fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
+		}
+		if !o.Yes {
+			if o.Confirm == nil || !o.Confirm(fmt.Sprintf("Drop slot %s and replay the outbox table from a new snapshot?", cfg.Postgres.Slot)) {
+				return fmt.Errorf("%w: slot %q exists; pass --yes to drop and recreate it", replication.ErrNotSetUp, cfg.Postgres.Slot)
+			}
+		}
+	}
+	// From here until every snapshot row is acknowledged, a marker says the slot's start is not
+	// complete: run refuses to stream from it, so an interrupted resync cannot silently skip rows.
+	if err := cat.CreateResyncMarker(ctx, cfg.Postgres.Slot); err != nil {
+		return err
+	}
+	if slot.Exists {
+		if err := cat.DropSlot(ctx, cfg.Postgres.Slot); err != nil {
+			// The old slot is intact: leave no marker behind, unless an earlier resync's was there.
+			if !slot.ResyncMarker {
+				if derr := cat.DropResyncMarker(context.Background(), cfg.Postgres.Slot); derr != nil {
+					err = errors.Join(err, derr)
+				}
+			}
+			return err
+		}
+		p.log.Info("dropped replication slot for resync", "slot", cfg.Postgres.Slot)
+	}
+	repl, err := replication.Connect(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = repl.Close(context.Background()) }()
+	cp, name, err := replication.CreateSlotWithSnapshot(ctx, repl, cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	res.ConsistentPoint = cp
+	p.log.Info("created replication slot with snapshot", "slot", cfg.Postgres.Slot, "consistent_point", cp.String())
+	snap, err := replication.OpenSnapshot(ctx, cfg.Postgres.URL, name)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = snap.Close(context.Background()) }()
+	// The snapshot lives on in snap's transaction; the exporting connection is no longer needed.
+	_ = repl.Close(ctx)
+
+	if err := p.publishSnapshot(ctx, snap, o, cp, res); err != nil {
+		return err
+	}
+	return cat.DropResyncMarker(ctx, cfg.Postgres.Slot)
 }
 
-// publishSnapshot reads the snapshot's rows with a cursor and delivers them; it returns once every
-// one is acknowledged.
-func (p *Pipeline) publishSnapshot(ctx context.Context, db *pgconn.PgConn, o ResyncOptions, cp checkpoint.LSN, res *ResyncResult) error {
-	where, order := p.snapshotQuery(o)
-	total, err := countRows(ctx, db, p.cfg.Postgres.Table, where)
+// snapshotColumns are the columns a snapshot is filtered and ordered by.
+func (p *Pipeline) snapshotColumns() replication.SnapshotColumns {
+	c := p.cfg.Postgres.Columns
+	return replication.SnapshotColumns{EventType: c.EventType, AggregateID: c.AggregateID, AggregateVersion: c.AggregateVersion, CreatedAt: c.CreatedAt}
+}
+
+func (o ResyncOptions) filter() replication.SnapshotFilter {
+	return replication.SnapshotFilter{Since: o.Since, Until: o.Until, EventTypes: o.EventTypes, AggregateIDs: o.AggregateIDs}
+}
+
+// publishSnapshot reads the snapshot's rows and delivers them; it returns once every one is
+// acknowledged.
+func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, res *ResyncResult) error {
+	total, err := snap.Count(ctx, p.outbox(), p.snapshotColumns(), o.filter())
 	if err != nil {
 		return err
 	}
@@ -163,11 +169,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, db *pgconn.PgConn, o Res
 	}
 	defer rt.Close()
 	tracker := checkpoint.NewTracker(0)
-	tx := tracker.Begin(time.Now())
-	if err := execAll(ctx, db, fmt.Sprintf("DECLARE outbox_cdc_snapshot NO SCROLL CURSOR FOR SELECT * FROM %s%s%s",
-		quoteTable(p.cfg.Postgres.Table), where, order)); err != nil {
-		return fmt.Errorf("open snapshot cursor: %w", err)
-	}
+	tx := tracker.Begin(time.Now(), cp)
 	src := router.Source{LSN: "snapshot@" + cp.String()}
 	var sent int64
 	lastProgress := time.Time{}
@@ -178,7 +180,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, db *pgconn.PgConn, o Res
 			lastProgress = time.Now()
 		}
 	}
-	err = forEachRow(ctx, db, func(row *replication.Row) error {
+	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
 		prepared, err := rt.Prepare(ctx, row, src)
 		if err != nil {
 			return err
@@ -213,59 +215,15 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, db *pgconn.PgConn, o Res
 	return nil
 }
 
-// snapshotQuery returns the WHERE clause of the filters and the ORDER BY that keeps per-aggregate
-// order for rows written by serialized transactions: created_at (the inserting transaction's start),
-// then aggregate_version, then the physical position (insertion order within one transaction).
-func (p *Pipeline) snapshotQuery(o ResyncOptions) (where, order string) {
-	cols := p.cfg.Postgres.Columns
-	var conds []string
-	if !o.Since.IsZero() && cols.CreatedAt != "" {
-		conds = append(conds, fmt.Sprintf("%s >= %s::timestamptz", quoteIdent(cols.CreatedAt), quoteLiteral(o.Since.Format(time.RFC3339Nano))))
-	}
-	if !o.Until.IsZero() && cols.CreatedAt != "" {
-		conds = append(conds, fmt.Sprintf("%s < %s::timestamptz", quoteIdent(cols.CreatedAt), quoteLiteral(o.Until.Format(time.RFC3339Nano))))
-	}
-	in := func(col string, vals []string) string {
-		q := make([]string, len(vals))
-		for i, v := range vals {
-			q[i] = quoteLiteral(v)
-		}
-		return fmt.Sprintf("%s IN (%s)", quoteIdent(col), strings.Join(q, ", "))
-	}
-	if len(o.EventTypes) > 0 {
-		conds = append(conds, in(cols.EventType, o.EventTypes))
-	}
-	if len(o.AggregateIDs) > 0 {
-		conds = append(conds, in(cols.AggregateID, o.AggregateIDs))
-	}
-	if len(conds) > 0 {
-		where = " WHERE " + strings.Join(conds, " AND ")
-	}
-	var keys []string
-	if cols.CreatedAt != "" {
-		keys = append(keys, quoteIdent(cols.CreatedAt))
-	}
-	if cols.AggregateVersion != "" {
-		keys = append(keys, quoteIdent(cols.AggregateVersion))
-	}
-	keys = append(keys, "ctid")
-	return where, " ORDER BY " + strings.Join(keys, ", ")
-}
-
 // dryRun counts, in a repeatable-read snapshot of now, the rows a resync would publish per topic.
 func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult) (ResyncResult, error) {
-	db, err := pgconn.Connect(ctx, p.cfg.Postgres.URL)
+	snap, err := replication.OpenSnapshot(ctx, p.cfg.Postgres.URL, "")
 	if err != nil {
-		return res, fmt.Errorf("connect: %w", err)
+		return res, err
 	}
-	defer func() { _ = db.Close(context.Background()) }()
-	where, _ := p.snapshotQuery(o)
-	if err := execAll(ctx, db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-		fmt.Sprintf("DECLARE outbox_cdc_snapshot NO SCROLL CURSOR FOR SELECT * FROM %s%s", quoteTable(p.cfg.Postgres.Table), where)); err != nil {
-		return res, fmt.Errorf("open snapshot cursor: %w", err)
-	}
+	defer func() { _ = snap.Close(context.Background()) }()
 	reasons := map[string]int64{}
-	err = forEachRow(ctx, db, func(row *replication.Row) error {
+	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
 		topic, problem := router.Plan(p.rules, columns(p.cfg), row, p.cfg.Kafka.MaxMessageBytes)
 		if problem != nil {
 			topic = "(dead-letter)"
@@ -278,7 +236,6 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 	if err != nil {
 		return res, err
 	}
-	_ = execAll(ctx, db, "ROLLBACK")
 	fmt.Fprintf(o.Out, "dry run: %d rows would be published; nothing was changed\n", res.Rows)
 	topics := make([]string, 0, len(res.PerTopic))
 	for t := range res.PerTopic {
@@ -296,74 +253,6 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 		fmt.Fprintf(o.Out, "  dead-letter %s: %d rows: %s\n", dest, n, reason)
 	}
 	return res, nil
-}
-
-// forEachRow fetches the rows of the open cursor outbox_cdc_snapshot in batches (memory stays
-// bounded whatever the table's size), decodes them as WAL rows are decoded, and calls fn for each.
-func forEachRow(ctx context.Context, db *pgconn.PgConn, fn func(*replication.Row) error) error {
-	decoder := replication.NewRowDecoder()
-	for {
-		results, err := db.Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outbox_cdc_snapshot", snapshotFetchSize)).ReadAll()
-		if err != nil {
-			return fmt.Errorf("read snapshot: %w", err)
-		}
-		r := results[0]
-		if len(r.Rows) == 0 {
-			return nil
-		}
-		names := make([]string, len(r.FieldDescriptions))
-		oids := make([]uint32, len(r.FieldDescriptions))
-		for i, fd := range r.FieldDescriptions {
-			names[i], oids[i] = fd.Name, fd.DataTypeOID
-		}
-		for _, values := range r.Rows {
-			row, err := decoder.Decode(names, oids, values)
-			if err != nil {
-				return fmt.Errorf("decode snapshot row: %w", err)
-			}
-			if err := fn(&row); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-func countRows(ctx context.Context, db *pgconn.PgConn, table, where string) (int64, error) {
-	results, err := db.Exec(ctx, fmt.Sprintf("SELECT count(*) FROM %s%s", quoteTable(table), where)).ReadAll()
-	if err != nil {
-		return 0, fmt.Errorf("count snapshot rows: %w", err)
-	}
-	var n int64
-	if len(results) > 0 && len(results[0].Rows) > 0 {
-		_, _ = fmt.Sscan(string(results[0].Rows[0][0]), &n)
-	}
-	return n, nil
-}
-
-// slotWALHeld returns how much WAL the slot keeps (pg_current_wal_lsn() - restart_lsn), pretty-printed.
-func slotWALHeld(ctx context.Context, conn *pgconn.PgConn, slot string) string {
-	results, err := conn.Exec(ctx, fmt.Sprintf(`SELECT pg_size_pretty(pg_current_wal_lsn() - restart_lsn) FROM pg_replication_slots WHERE slot_name = %s`, quoteLiteral(slot))).ReadAll()
-	if err != nil || len(results) == 0 || len(results[0].Rows) == 0 || results[0].Rows[0][0] == nil {
-		return "an unknown amount"
-	}
-	return string(results[0].Rows[0][0])
-}
-
-func execAll(ctx context.Context, conn *pgconn.PgConn, stmts ...string) error {
-	for _, s := range stmts {
-		if _, err := conn.Exec(ctx, s).ReadAll(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func quoteIdent(s string) string   { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
-
-func quoteTable(qualified string) string {
-	schema, table := replication.SplitTable(qualified)
-	return quoteIdent(schema) + "." + quoteIdent(table)
 }
 
 func orDash(s string) string {

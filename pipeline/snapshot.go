@@ -44,6 +44,9 @@ type Snapshot struct {
 	Errors map[string]int64
 	// Slot is the latest poll of pg_replication_slots.
 	Slot SlotStatus
+	// LastVerified is when the outbox was last verified to be published (zero before the first
+	// session); confirms never pass the position of that check.
+	LastVerified time.Time
 }
 
 // observed is the pipeline's mutable state read by Snapshot.
@@ -53,6 +56,13 @@ type observed struct {
 	restarts int64
 	errors   map[string]int64
 	slot     SlotStatus
+	verified time.Time
+}
+
+func (o *observed) markVerified(at time.Time) {
+	o.mu.Lock()
+	o.verified = at
+	o.mu.Unlock()
 }
 
 func (o *observed) setTracker(tr *checkpoint.Tracker) {
@@ -120,6 +130,7 @@ func (p *Pipeline) Snapshot() Snapshot {
 		s.Errors[k] = v
 	}
 	s.Slot = p.obs.slot
+	s.LastVerified = p.obs.verified
 	p.obs.mu.Unlock()
 	if tr != nil && s.State == StateStreaming {
 		if st := tr.Stats(); !st.OldestCommitTime.IsZero() {

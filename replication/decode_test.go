@@ -3,6 +3,9 @@ package replication
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,7 +108,7 @@ func (h *recordingHandler) Deliver(_ context.Context, tx *checkpoint.Tx, row Row
 
 func newTestStream() *Stream {
 	return &Stream{
-		opts:     Options{Schema: "public", Table: "outbox", StatusInterval: time.Hour},
+		opts:     Options{Outbox: Outbox{Schema: "public", Table: "outbox", Publication: "pub"}, StatusInterval: time.Hour},
 		types:    pgtype.NewMap(),
 		rels:     make(map[uint32]*relation),
 		counters: new(Counters),
@@ -187,6 +190,70 @@ func TestRelationMessageReplacesCache(t *testing.T) {
 	)
 	if v, ok := h.rows[1].Value("tenant"); !ok || string(v) != "acme" {
 		t.Fatalf("tenant %q after ALTER TABLE", v)
+	}
+}
+
+// TestRelationMessageMissingARequiredColumnStops: a payload column dropped or renamed mid-stream (or
+// left out of the publication's column list) must stop the stream at its Relation message, before a
+// row without a value is produced; a missing optional column only warns.
+func TestRelationMessageMissingARequiredColumnStops(t *testing.T) {
+	roles := []ColumnRole{
+		{Column: "event_id", Key: "postgres.columns.event_id", Required: true},
+		{Column: "payload", Key: "postgres.columns.payload", Required: true},
+		{Column: "headers", Key: "postgres.columns.headers"},
+	}
+	tests := []struct {
+		name    string
+		cols    []col
+		wantErr string
+	}{
+		{"all there", []col{{"event_id", pgtype.TextOID}, {"payload", pgtype.JSONBOID}, {"headers", pgtype.JSONBOID}}, ""},
+		{"optional missing", []col{{"event_id", pgtype.TextOID}, {"payload", pgtype.JSONBOID}}, ""},
+		{"payload renamed", []col{{"event_id", pgtype.TextOID}, {"body", pgtype.JSONBOID}}, `no column "payload" (postgres.columns.payload)`},
+		{"event_id dropped", []col{{"payload", pgtype.JSONBOID}}, `no column "event_id"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newTestStream()
+			st.opts.Columns = roles
+			st.log = slog.New(slog.DiscardHandler)
+			h := &recordingHandler{}
+			err := st.handleWAL(context.Background(), h, pglogrepl.XLogData{WALStart: 500, WALData: relationMsg(1, "public", "outbox", tt.cols...)})
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrOutboxChanged) || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v, want ErrOutboxChanged naming %s", err, tt.wantErr)
+			}
+			// Another table's relation message is never checked.
+			if err := st.handleWAL(context.Background(), h, pglogrepl.XLogData{WALData: relationMsg(2, "public", "orders", col{"id", pgtype.Int8OID})}); err != nil {
+				t.Fatalf("other table: %v", err)
+			}
+		})
+	}
+}
+
+// TestConfirmableIsHeldAtTheVerifiedPosition: the position sent to the server is the watermark held
+// at the last verified position, and never goes backwards.
+func TestConfirmableIsHeldAtTheVerifiedPosition(t *testing.T) {
+	st := newTestStream()
+	limit := LSN(300)
+	st.opts.ConfirmLimit = func() LSN { return limit }
+	st.tracker.AdvanceIdle(1000)
+	if got := st.confirmable(); got != 300 {
+		t.Fatalf("confirmable %s with the watermark at 0/3E8 and the outbox verified at 0/12C, want 0/12C", got)
+	}
+	st.sentLSN = 300
+	limit = 50 // a verification can only move forward, but the stream must not trust that
+	if got := st.confirmable(); got != 300 {
+		t.Fatalf("confirmable %s went backwards", got)
+	}
+	limit = 5000
+	if got := st.confirmable(); got != 1000 {
+		t.Fatalf("confirmable %s, want the watermark 0/3E8 once verified past it", got)
 	}
 }
 

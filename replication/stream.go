@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -45,6 +48,8 @@ type Counters struct {
 	ServerWALEnd atomic.Uint64
 	// ConfirmedLSN is the latest position confirmed to the server.
 	ConfirmedLSN atomic.Uint64
+	// LastMessage is when the latest message arrived from the server (Unix nanoseconds).
+	LastMessage atomic.Int64
 }
 
 // Stream is one replication session on the slot. It is not safe for concurrent use.
@@ -65,16 +70,34 @@ type Stream struct {
 	cancelWait context.CancelFunc
 	lastSent   time.Time
 	sentLSN    LSN
+	// heard is when the server was last heard from, or when the stream last went back to listening
+	// after a wait for in-flight room (it reads nothing meanwhile, so silence then proves nothing).
+	heard time.Time
 }
 
 // Options configure a Stream.
 type Options struct {
-	// Slot and Publication name the replication slot and the publication.
-	Slot, Publication string
-	// Schema and Table name the outbox table.
-	Schema, Table string
+	// Slot names the replication slot.
+	Slot string
+	// Outbox names the outbox table and the publication.
+	Outbox Outbox
+	// Columns are the columns the router reads: every Relation message of the outbox is checked
+	// against them, and a missing required column stops the stream before anything past it is
+	// confirmed.
+	Columns []ColumnRole
+	// StartLSN is the slot's confirmed position (SetupResult.Slot.ConfirmedFlush); the stream
+	// resumes there and its tracker must start there.
+	StartLSN LSN
 	// StatusInterval is the longest time between two standby status updates (default 10 s).
 	StatusInterval time.Duration
+	// ReceiveTimeout is the longest silence from the server before the connection is presumed dead
+	// (a half-open socket accepts writes for minutes); zero disables the check. The stream asks the
+	// server for a keepalive when it has heard nothing for StatusInterval, so a live server is never
+	// silent for long.
+	ReceiveTimeout time.Duration
+	// ConfirmLimit, if not nil, returns the highest position that may be confirmed regardless of the
+	// watermark: the last WAL position at which the outbox was verified to be published.
+	ConfirmLimit func() LSN
 	// Logger receives the stream's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the stream runs.
@@ -87,8 +110,16 @@ var ErrSlotInUse = errors.New("replication slot is in use by another process")
 // ErrSlotLost is returned (wrapped) when the slot has been invalidated and can no longer stream.
 var ErrSlotLost = errors.New("replication slot is lost")
 
-// Start opens a replication session on an existing slot: it reads the slot's confirmed position and
-// issues START_REPLICATION (pgoutput, proto_version 2, streaming off). The returned stream owns conn.
+// ErrServerSilent is returned (wrapped) when nothing has arrived from the server for longer than
+// ReceiveTimeout: the connection is presumed dead.
+var ErrServerSilent = errors.New("the replication connection went silent")
+
+// publicationRE is what a publication name may be (config validates it too): it is spliced into the
+// START_REPLICATION command, which takes no parameters.
+var publicationRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Start issues START_REPLICATION (pgoutput, proto_version 2, streaming off) on the replication
+// connection conn for a slot that Catalog.Setup found usable. The returned stream owns conn.
 func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, error) {
 	if opts.StatusInterval <= 0 {
 		opts.StatusInterval = 10 * time.Second
@@ -99,28 +130,12 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 	if opts.Counters == nil {
 		opts.Counters = new(Counters)
 	}
-	slot, err := inspectSlot(ctx, conn, opts.Slot)
-	if err != nil {
-		return nil, err
+	if !publicationRE.MatchString(opts.Outbox.Publication) {
+		return nil, fmt.Errorf("%w: publication name %q is not lower-case letters, digits and underscores", ErrNotSetUp, opts.Outbox.Publication)
 	}
-	if !slot.exists {
-		return nil, fmt.Errorf("%w: replication slot %q does not exist (set postgres.create_slot or run outbox-cdc resync)", ErrNotSetUp, opts.Slot)
-	}
-	if slot.walStatus == "lost" {
-		return nil, fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size); events committed since %s may be gone from the WAL: recover with `outbox-cdc resync`", ErrSlotLost, opts.Slot, slot.confirmed)
-	}
-	if slot.active {
-		return nil, fmt.Errorf("%w: slot %q is active for pid %d", ErrSlotInUse, opts.Slot, slot.activePID)
-	}
-	if interrupted, err := resyncMarkerExists(ctx, conn, opts.Slot); err != nil {
-		return nil, err
-	} else if interrupted {
-		return nil, fmt.Errorf("%w: slot %q starts at a snapshot whose rows were not all published (marker slot %q exists): run `outbox-cdc resync` again; to accept the gap instead, drop the marker with SELECT pg_drop_replication_slot('%s')",
-			ErrResyncInterrupted, opts.Slot, ResyncMarker(opts.Slot), ResyncMarker(opts.Slot))
-	}
-	args := []string{"proto_version '2'", "publication_names '" + strings.ReplaceAll(opts.Publication, "'", "''") + "'"}
+	args := []string{"proto_version '2'", "publication_names '" + opts.Outbox.Publication + "'"}
 	// Start from the slot's confirmed position (0 means "where the slot is").
-	if err := pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+	if err := pglogrepl.StartReplication(ctx, conn, pgx.Identifier{opts.Slot}.Sanitize(), 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 			return nil, fmt.Errorf("%w: %s", ErrSlotInUse, pgErr.Message)
@@ -130,6 +145,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		}
 		return nil, fmt.Errorf("start replication on slot %q: %w", opts.Slot, err)
 	}
+	now := time.Now()
 	s := &Stream{
 		conn:     conn,
 		opts:     opts,
@@ -137,10 +153,11 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		types:    pgtype.NewMap(),
 		rels:     make(map[uint32]*relation),
 		counters: opts.Counters,
-		sentLSN:  slot.confirmed,
-		lastSent: time.Now(),
+		sentLSN:  opts.StartLSN,
+		lastSent: now,
+		heard:    now,
 	}
-	s.counters.ConfirmedLSN.Store(uint64(slot.confirmed))
+	s.counters.ConfirmedLSN.Store(uint64(opts.StartLSN))
 	return s, nil
 }
 
@@ -169,10 +186,16 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
+				if silent := time.Since(s.heard); s.opts.ReceiveTimeout > 0 && silent > s.opts.ReceiveTimeout {
+					return fmt.Errorf("%w: nothing received for %s (postgres.receive_timeout %s), though a keepalive was asked for: the connection is presumed dead",
+						ErrServerSilent, silent.Round(time.Second), s.opts.ReceiveTimeout)
+				}
 				continue
 			}
 			return fmt.Errorf("receive from replication connection: %w", err)
 		}
+		s.heard = time.Now()
+		s.counters.LastMessage.Store(s.heard.UnixNano())
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(ctx, h, msg.Data); err != nil {
@@ -242,18 +265,25 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessageV2:
-		// Replace the cached entry: columns may have been added, dropped or retyped.
-		s.rels[m.RelationID] = &relation{
+		// Replace the cached entry: columns may have been added, dropped or retyped. A partitioned
+		// outbox's rows arrive under its own name (the publication publishes via the partition root).
+		rel := &relation{
 			namespace: m.Namespace,
 			name:      m.RelationName,
 			columns:   m.Columns,
-			outbox:    m.Namespace == s.opts.Schema && m.RelationName == s.opts.Table,
+			outbox:    m.Namespace == s.opts.Outbox.Schema && m.RelationName == s.opts.Outbox.Table,
 		}
+		if rel.outbox {
+			if err := s.checkColumns(rel, LSN(xld.WALStart)); err != nil {
+				return err
+			}
+		}
+		s.rels[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
 		if s.current != nil {
 			return fmt.Errorf("replication stream: Begin of xid %d inside an unfinished transaction", m.Xid)
 		}
-		s.current = s.tracker.Begin(m.CommitTime)
+		s.current = s.tracker.Begin(m.CommitTime, LSN(m.FinalLSN))
 	case *pglogrepl.InsertMessageV2:
 		rel, err := s.relation(m.RelationID)
 		if err != nil {
@@ -293,6 +323,26 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 	return nil
 }
 
+// checkColumns checks a Relation message of the outbox against the columns the router reads. A
+// required column missing (dropped, renamed, or left out of the publication's column list) would turn
+// every later row into a record without its key, type or value: the stream stops before any of them
+// is produced, naming the column and the fix.
+func (s *Stream) checkColumns(rel *relation, at LSN) error {
+	for _, role := range s.opts.Columns {
+		if slices.ContainsFunc(rel.columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == role.Column }) {
+			continue
+		}
+		if role.Required {
+			return fmt.Errorf("%w: from WAL position %s on, the outbox %s has no column %q (%s): it was dropped or renamed, or the publication's column list leaves it out. "+
+				"Restore the column (or its name), or publish it (ALTER PUBLICATION %s SET TABLE %s), or point %s at its new name; nothing past this position was confirmed",
+				ErrOutboxChanged, at, s.opts.Outbox, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), s.opts.Outbox.qualified(), role.Key)
+		}
+		s.log.Warn("the outbox's columns changed: an optional column is gone, records go without it",
+			"column", role.Column, "key", role.Key, "lsn", at.String())
+	}
+	return nil
+}
+
 func (s *Stream) relation(id uint32) (*relation, error) {
 	rel, ok := s.rels[id]
 	if !ok {
@@ -312,9 +362,12 @@ func (s *Stream) countIgnored(id uint32, outboxCounter *atomic.Int64) {
 // deliver hands the row to h, answering the server while h waits for capacity. While it waits the
 // stream reads no WAL: PostgreSQL holds the backlog, and memory stays bounded.
 func (s *Stream) deliver(ctx context.Context, h Handler, row Row) error {
-	for {
+	for waited := false; ; waited = true {
 		err := h.Deliver(s.waitContext(ctx), s.current, row)
 		if err == nil {
+			if waited {
+				s.heard = time.Now() // the stream read nothing while it waited
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -332,22 +385,40 @@ func (s *Stream) deliver(ctx context.Context, h Handler, row Row) error {
 // maybeSendStatus sends a standby status update when the watermark moved, when force is set, or
 // when StatusInterval has passed since the last one.
 func (s *Stream) maybeSendStatus(force bool) error {
-	wm := s.tracker.Watermark()
+	wm := s.confirmable()
 	periodic := time.Since(s.lastSent) >= s.opts.StatusInterval
 	if !force && wm == s.sentLSN && !periodic {
 		return nil
 	}
 	// A periodic update while idle asks the server for a keepalive, whose WAL end then releases WAL
 	// that other tables' writes added, even if the server would not have sent one on its own soon.
-	return s.sendStatus(wm, periodic && !force && s.current == nil && s.tracker.Idle())
+	// One after a silence asks the server to prove it is still there.
+	idle := s.current == nil && s.tracker.Idle()
+	return s.sendStatus(wm, periodic && !force && (idle || time.Since(s.heard) >= s.opts.StatusInterval))
 }
+
+// confirmable is the position a status update may confirm: the watermark, held at the last position
+// where the outbox was verified to be published, and never behind what was already confirmed.
+func (s *Stream) confirmable() LSN {
+	wm := s.tracker.Watermark()
+	if s.opts.ConfirmLimit != nil {
+		wm = min(wm, s.opts.ConfirmLimit())
+	}
+	return max(wm, s.sentLSN)
+}
+
+// statusTimeout bounds the write of one status update: a connection whose send buffer stays full
+// that long is dead.
+const statusTimeout = 10 * time.Second
 
 func (s *Stream) sendStatus(wm LSN, requestReply bool) error {
 	if wm == 0 {
 		return nil // nothing known yet; never send 0, which the library would echo into every field
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
 	// Write, flush and apply are set explicitly: the server's confirmed_flush_lsn follows flush.
-	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pglogrepl.LSN(wm),
 		WALFlushPosition: pglogrepl.LSN(wm),
 		WALApplyPosition: pglogrepl.LSN(wm),
@@ -366,14 +437,17 @@ func (s *Stream) sendStatus(wm LSN, requestReply bool) error {
 	return nil
 }
 
-// Confirm sends a standby status update with the tracker's watermark now; call it once more on a
-// graceful stop, after in-flight records have been acknowledged.
+// Confirm sends a standby status update with the confirmable position now; call it once more on a
+// graceful stop, after in-flight records have been acknowledged (and the outbox verified again).
 func (s *Stream) Confirm() error {
 	if s.tracker == nil {
 		return nil
 	}
-	return s.sendStatus(s.tracker.Watermark(), false)
+	return s.sendStatus(s.confirmable(), false)
 }
+
+// BackendPID is the server process of the replication connection: the walsender that holds the slot.
+func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
 
 // Close closes the replication connection.
 func (s *Stream) Close(ctx context.Context) error {

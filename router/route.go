@@ -6,6 +6,7 @@ package router
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -120,6 +121,17 @@ func (r *Rules) Topic(row Row) (string, error) {
 		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-])", truncate(topic, 300)))
 	}
 	return topic, nil
+}
+
+// TemplateColumns are the columns the topic template reads, as configured (role names resolved).
+func (r *Rules) TemplateColumns() []string {
+	var out []string
+	for _, p := range r.parts {
+		if p.column != "" && !slices.Contains(out, p.column) {
+			out = append(out, p.column)
+		}
+	}
+	return out
 }
 
 func (r *Rules) orFallback(reason string) (string, error) {

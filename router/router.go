@@ -83,6 +83,11 @@ type Source struct {
 	CommitTime time.Time
 }
 
+// ErrConfig is returned (wrapped) for a Kafka setting that can never work (a CA file without a
+// certificate, an unknown SASL mechanism, a dead-letter topic that does not exist and may not be
+// created): retrying does not help.
+var ErrConfig = errors.New("kafka configuration")
+
 // UndeliverableError is returned when a row can never be delivered and no dead-letter topic is set.
 // Replaying cannot help: the operator must act.
 type UndeliverableError struct {
@@ -129,7 +134,7 @@ func New(opts Options) (*Router, error) {
 	limits := new(sync.Map)
 	kopts, err := ClientOpts(opts.Brokers, opts.Security)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	kopts = append(kopts,
 		kgo.ClientID(opts.ClientID),

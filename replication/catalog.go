@@ -1,0 +1,499 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Catalog is an ordinary (non-replication) connection to the outbox's database, for everything
+// around the stream: the set-up checks and DDL, the slot's state, the outbox's periodic verification,
+// resync's marker and lock. Every value travels as a query parameter; identifiers are quoted by pgx.
+// It is not safe for concurrent use.
+type Catalog struct {
+	conn *pgx.Conn
+}
+
+// OpenCatalog connects to the database at url for catalog work.
+func OpenCatalog(ctx context.Context, url string) (*Catalog, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "outbox-cdc"
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	return &Catalog{conn: conn}, nil
+}
+
+// Close closes the connection.
+func (c *Catalog) Close(ctx context.Context) error { return c.conn.Close(ctx) }
+
+// Outbox names the outbox table and the publication that carries it.
+type Outbox struct {
+	// Schema and Table name the outbox table.
+	Schema, Table string
+	// Publication names the publication.
+	Publication string
+}
+
+// qualified is the table's quoted, schema-qualified name.
+func (o Outbox) qualified() string { return pgx.Identifier{o.Schema, o.Table}.Sanitize() }
+
+// String is schema.table.
+func (o Outbox) String() string { return o.Schema + "." + o.Table }
+
+// ColumnRole is a column the router reads, with the configuration key that names it.
+type ColumnRole struct {
+	// Column is the column's name; Key the configuration key that set it (for error messages).
+	Column, Key string
+	// Required is true for columns without which no record can be built (event_id, event_type,
+	// aggregate_id, payload): their absence stops the stream.
+	Required bool
+}
+
+// ErrOutboxChanged is returned (wrapped) when the outbox table is no longer what the stream can read
+// in full: dropped, removed from the publication, or without a column the router needs. Confirming
+// further could skip committed events, so the stream stops; the operator must act.
+var ErrOutboxChanged = errors.New("the outbox table changed under the stream")
+
+// SetupOptions say what Setup checks and may create.
+type SetupOptions struct {
+	// Outbox names the table and publication.
+	Outbox Outbox
+	// Slot names the replication slot.
+	Slot string
+	// Columns are the columns the router reads.
+	Columns []ColumnRole
+	// CreatePublication and CreateSlot allow creating missing objects.
+	CreatePublication, CreateSlot bool
+	// SkipSlot leaves the slot alone (resync manages it).
+	SkipSlot bool
+}
+
+// SetupResult says what Setup found and did.
+type SetupResult struct {
+	// CreatedPublication and CreatedSlot are true when Setup created them.
+	CreatedPublication, CreatedSlot bool
+	// Slot is the slot's state after set-up (zero with SkipSlot), also when Setup returns an error
+	// because the slot is in use.
+	Slot SlotState
+	// Verified is the outbox's first verification: confirms may go up to its LSN.
+	Verified Verification
+	// Warnings are things the operator should know that do not stop the router (a missing optional
+	// column, a publication row filter).
+	Warnings []string
+}
+
+// Setup checks everything the stream needs and creates the publication and the slot when allowed:
+// wal_level, the role's REPLICATION attribute, a logged table (or partitioned table) with the
+// required columns, a publication that publishes its inserts (via the partition root for a
+// partitioned table, without a column list that leaves a required column out), and a pgoutput slot of
+// this database that is not lost. Problems that retrying cannot fix wrap ErrNotSetUp.
+func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error) {
+	var res SetupResult
+	var walLevel string
+	var replication bool
+	var version int
+	if err := c.conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
+		(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)`).Scan(&walLevel, &version, &replication); err != nil {
+		return res, fmt.Errorf("read server settings: %w", err)
+	}
+	if walLevel != "logical" {
+		return res, fmt.Errorf("%w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, walLevel)
+	}
+	if !replication {
+		return res, fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser), or use the role from sql/role.sql", ErrNotSetUp)
+	}
+	table, err := c.table(ctx, o.Outbox)
+	if err != nil {
+		return res, err
+	}
+	for _, role := range o.Columns {
+		if !slices.Contains(table.columns, role.Column) {
+			if role.Required {
+				return res, fmt.Errorf("%w: outbox table %s has no column %q (%s): set %s to the column's name, or add it (sql/outbox.sql)",
+					ErrNotSetUp, o.Outbox, role.Column, role.Key, role.Key)
+			}
+			res.Warnings = append(res.Warnings, fmt.Sprintf("outbox table %s has no column %q (%s): records go without it", o.Outbox, role.Column, role.Key))
+		}
+	}
+
+	created, warnings, err := c.publication(ctx, o, table, version)
+	if err != nil {
+		return res, err
+	}
+	res.CreatedPublication = created
+	res.Warnings = append(res.Warnings, warnings...)
+	if res.Verified, err = c.VerifyOutbox(ctx, o.Outbox); err != nil {
+		return res, err
+	}
+	if o.SkipSlot {
+		return res, nil
+	}
+	slot, err := c.Slot(ctx, o.Slot)
+	if err != nil {
+		return res, err
+	}
+	if !slot.Exists {
+		if !o.CreateSlot {
+			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
+		}
+		_, err := c.conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, o.Slot)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			res.CreatedSlot = true
+		case errors.As(err, &pgErr) && pgErr.Code == "42710": // created meanwhile by another instance
+		case isPrivilegeError(err):
+			return res, fmt.Errorf("%w: create replication slot %q: %w", ErrNotSetUp, o.Slot, err)
+		default:
+			return res, fmt.Errorf("create replication slot %q: %w", o.Slot, err)
+		}
+		if slot, err = c.Slot(ctx, o.Slot); err != nil {
+			return res, err
+		}
+	}
+	res.Slot = slot
+	return res, slot.usable(o.Slot)
+}
+
+// tableFacts are the outbox table's catalog entry.
+type tableFacts struct {
+	oid         uint32
+	partitioned bool
+	columns     []string
+}
+
+func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
+	var t tableFacts
+	var kind, persistence string
+	err := c.conn.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relpersistence::text,
+		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, fmt.Errorf("%w: outbox table %s does not exist (postgres.table); create it from sql/outbox.sql", ErrNotSetUp, o)
+	}
+	if err != nil {
+		return t, fmt.Errorf("look up outbox table %s: %w", o, err)
+	}
+	what := map[string]string{"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence", "i": "an index", "I": "an index", "c": "a composite type"}[kind]
+	switch {
+	case what != "":
+		return t, fmt.Errorf("%w: postgres.table %s is %s; outbox-cdc reads the inserts of a table (or partitioned table) from the WAL: point postgres.table at the table itself", ErrNotSetUp, o, what)
+	case persistence == "u":
+		return t, fmt.Errorf("%w: outbox table %s is UNLOGGED: its rows never reach the WAL, so no replication can see them: ALTER TABLE %s SET LOGGED", ErrNotSetUp, o, o.qualified())
+	case persistence == "t":
+		return t, fmt.Errorf("%w: outbox table %s is a temporary table, which logical replication cannot see", ErrNotSetUp, o)
+	}
+	t.partitioned = kind == "p"
+	return t, nil
+}
+
+// publication checks (or creates) the publication for the table.
+func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts, version int) (created bool, warnings []string, err error) {
+	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
+	var insert, viaRoot bool
+	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) && !o.CreatePublication:
+		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+			ErrNotSetUp, o.Outbox.Publication, pub, o.Outbox.qualified())
+	case errors.Is(err, pgx.ErrNoRows):
+		if _, err := c.conn.Exec(ctx, CreatePublicationSQL(o.Outbox)); err != nil {
+			if isPrivilegeError(err) {
+				return false, nil, fmt.Errorf("%w: create publication %q: %w", ErrNotSetUp, o.Outbox.Publication, err)
+			}
+			return false, nil, fmt.Errorf("create publication %q: %w", o.Outbox.Publication, err)
+		}
+		return true, nil, nil
+	case err != nil:
+		return false, nil, fmt.Errorf("look up publication %q: %w", o.Outbox.Publication, err)
+	case !insert:
+		return false, nil, fmt.Errorf("%w: publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrNotSetUp, o.Outbox.Publication, pub)
+	case t.partitioned && !viaRoot:
+		return false, nil, fmt.Errorf("%w: outbox table %s is partitioned and publication %q does not publish via the partition root, so its rows would arrive under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+			ErrNotSetUp, o.Outbox, o.Outbox.Publication, pub)
+	}
+	// The table must be in the publication; since PostgreSQL 15 a column list can leave columns out
+	// and a row filter can leave rows out.
+	var in bool
+	var published []string
+	var filter *string
+	q := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	if version >= 150000 {
+		q = `SELECT true, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	}
+	err = c.conn.QueryRow(ctx, q, o.Outbox.Publication, o.Outbox.Schema, o.Outbox.Table).Scan(&in, &published, &filter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, fmt.Errorf("%w: publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s",
+			ErrNotSetUp, o.Outbox.Publication, o.Outbox, pub, o.Outbox.qualified())
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("look up the tables of publication %q: %w", o.Outbox.Publication, err)
+	}
+	for _, role := range o.Columns {
+		if published != nil && slices.Contains(t.columns, role.Column) && !slices.Contains(published, role.Column) {
+			if role.Required {
+				return false, nil, fmt.Errorf("%w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
+					ErrNotSetUp, o.Outbox.Publication, o.Outbox, role.Column, role.Key, pub, o.Outbox.qualified())
+			}
+			warnings = append(warnings, fmt.Sprintf("publication %q's column list leaves out %q (%s): records go without it", o.Outbox.Publication, role.Column, role.Key))
+		}
+	}
+	if filter != nil {
+		warnings = append(warnings, fmt.Sprintf("publication %q filters the outbox's rows (WHERE %s): rows it leaves out are never delivered", o.Outbox.Publication, *filter))
+	}
+	return false, warnings, nil
+}
+
+// CreatePublicationSQL is the statement that creates the outbox's publication: inserts only (so that
+// applications may delete what they insert), via the partition root (so that a partitioned outbox's
+// rows arrive under its own name).
+func CreatePublicationSQL(o Outbox) string {
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+		pgx.Identifier{o.Publication}.Sanitize(), o.qualified())
+}
+
+// Verification is one observation that the stream still sees every outbox insert: at LSN the table
+// existed (with TableOID) and its publication published its inserts. Positions up to LSN may be
+// confirmed as far as the outbox's membership is concerned.
+type Verification struct {
+	// LSN is pg_current_wal_lsn() read just before the catalog was checked.
+	LSN LSN
+	// TableOID identifies the outbox table; it changes when the table is dropped and re-created.
+	TableOID uint32
+}
+
+// VerifyOutbox checks that the outbox table exists and that the publication still publishes its
+// inserts (via the partition root when it is partitioned), and returns the WAL position read just
+// before the check. A failed check wraps ErrOutboxChanged. A table dropped and re-created into the
+// publication passes, with a new TableOID for the caller to notice.
+func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, error) {
+	var v Verification
+	// The position is read first, in its own statement: the catalog check's snapshot is then taken
+	// after it, so that every catalog change committed before the position is seen.
+	var lsnText string
+	var oid *uint32
+	var kind *string
+	var pubExists, insert, viaRoot, member bool
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT pg_current_wal_lsn()::text`).QueryRow(func(row pgx.Row) error { return row.Scan(&lsnText) })
+	batch.Queue(`SELECT (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
+		(SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
+		p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
+		EXISTS (SELECT FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3)
+		FROM (SELECT 1) one LEFT JOIN pg_publication p ON p.pubname = $1`, o.Publication, o.Schema, o.Table).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&oid, &kind, &pubExists, &insert, &viaRoot, &member) })
+	if err := c.conn.SendBatch(ctx, batch).Close(); err != nil {
+		return v, fmt.Errorf("verify the outbox's publication: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(lsnText)
+	if err != nil {
+		return v, fmt.Errorf("parse pg_current_wal_lsn %q: %w", lsnText, err)
+	}
+	v.LSN = LSN(lsn)
+	lost := "rows inserted since are not in the stream; once fixed, rows still in the table can be replayed with `outbox-cdc resync`"
+	switch {
+	case oid == nil:
+		return v, fmt.Errorf("%w: outbox table %s no longer exists (dropped or renamed); %s", ErrOutboxChanged, o, lost)
+	case !pubExists:
+		return v, fmt.Errorf("%w: publication %q no longer exists; %s", ErrOutboxChanged, o.Publication, lost)
+	case !insert:
+		return v, fmt.Errorf("%w: publication %q no longer publishes inserts: ALTER PUBLICATION %s SET (publish = 'insert'); %s",
+			ErrOutboxChanged, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), lost)
+	case !member:
+		return v, fmt.Errorf("%w: outbox table %s is no longer in publication %q (removed, or dropped and re-created): ALTER PUBLICATION %s ADD TABLE %s; %s",
+			ErrOutboxChanged, o, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), o.qualified(), lost)
+	case kind != nil && *kind == "p" && !viaRoot:
+		return v, fmt.Errorf("%w: publication %q stopped publishing via the partition root, so the partitioned outbox's rows arrive under other names: ALTER PUBLICATION %s SET (publish_via_partition_root = true); %s",
+			ErrOutboxChanged, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), lost)
+	}
+	v.TableOID = *oid
+	return v, nil
+}
+
+// SlotState is a replication slot as pg_replication_slots shows it.
+type SlotState struct {
+	// Exists is false when there is no such slot; the other fields are then zero.
+	Exists bool
+	// Database is the database a logical slot belongs to; Plugin its output plugin; Type
+	// "logical" or "physical".
+	Database, Plugin, Type string
+	// Active reports whether a walsender streams from it, and ActivePID which process.
+	Active bool
+	// ActivePID is the process streaming from it, 0 when inactive.
+	ActivePID int
+	// WALStatus is reserved, extended, unreserved or lost.
+	WALStatus string
+	// ConfirmedFlush is confirmed_flush_lsn.
+	ConfirmedFlush LSN
+	// ResyncMarker is true while the marker of an unfinished resync of the slot exists, and
+	// ResyncRunning while a resync process holds the slot's resync lock.
+	ResyncMarker, ResyncRunning bool
+	// currentDatabase is the database of the connection that read the state.
+	currentDatabase string
+}
+
+// Slot reads the slot's state, whichever database it belongs to.
+func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
+	var s SlotState
+	var db, plugin *string
+	var pid *int
+	var walStatus, confirmed *string
+	err := c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status, s.confirmed_flush_lsn::text,
+		EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
+		FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, ResyncMarker(slot)).
+		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &s.ResyncMarker)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, ResyncMarker(slot)).Scan(&s.ResyncMarker); err != nil {
+			return s, fmt.Errorf("look up resync marker of slot %q: %w", slot, err)
+		}
+	} else if err != nil {
+		return s, fmt.Errorf("inspect replication slot %q: %w", slot, err)
+	} else {
+		s.Exists = true
+		s.Database, s.Plugin, s.ActivePID, s.WALStatus = deref(db), deref(plugin), deref(pid), deref(walStatus)
+		if confirmed != nil {
+			lsn, err := pglogrepl.ParseLSN(*confirmed)
+			if err != nil {
+				return s, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
+			}
+			s.ConfirmedFlush = LSN(lsn)
+		}
+	}
+	if s.ResyncMarker {
+		if s.ResyncRunning, err = c.resyncRunning(ctx, slot); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// usable says why the slot cannot be streamed from, or nil.
+func (s SlotState) usable(name string) error {
+	switch {
+	case s.Type != "logical":
+		return fmt.Errorf("%w: replication slot %q is a %s slot; outbox-cdc needs a logical slot: choose another postgres.slot", ErrNotSetUp, name, s.Type)
+	case s.Database != s.currentDatabase:
+		return fmt.Errorf("%w: replication slot %q belongs to database %q, not %q: choose another postgres.slot", ErrNotSetUp, name, s.Database, s.currentDatabase)
+	case s.Plugin != "pgoutput":
+		return fmt.Errorf("%w: replication slot %q uses plugin %q; outbox-cdc needs pgoutput: choose another postgres.slot", ErrNotSetUp, name, s.Plugin)
+	case s.WALStatus == "lost":
+		return fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size); events committed since %s may be gone from the WAL: recover with `outbox-cdc resync`", ErrSlotLost, name, s.ConfirmedFlush)
+	case s.ResyncRunning:
+		return fmt.Errorf("%w: a resync of slot %q is publishing its snapshot", ErrSlotInUse, name)
+	case s.ResyncMarker:
+		return fmt.Errorf("%w: slot %q starts at a snapshot whose rows were not all published (marker slot %q exists): run `outbox-cdc resync` again; to accept the gap instead, drop the marker with SELECT pg_drop_replication_slot('%s')",
+			ErrResyncInterrupted, name, ResyncMarker(name), ResyncMarker(name))
+	case s.Active:
+		return fmt.Errorf("%w: slot %q is active for pid %d", ErrSlotInUse, name, s.ActivePID)
+	}
+	return nil
+}
+
+// TerminateSlotHolder ends the walsender with pid if it still holds slot: a session of this process
+// whose connection died without the server noticing (a half-open socket) would otherwise keep the
+// slot until wal_sender_timeout. It reports whether it ended one.
+func (c *Catalog) TerminateSlotHolder(ctx context.Context, slot string, pid int) (bool, error) {
+	var done bool
+	err := c.conn.QueryRow(ctx, `SELECT coalesce(bool_or(pg_terminate_backend(active_pid)), false) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2`, slot, pid).Scan(&done)
+	if err != nil {
+		return false, fmt.Errorf("end the previous session (pid %d) on slot %q: %w", pid, slot, err)
+	}
+	return done, nil
+}
+
+// DropSlot drops the slot. It fails, wrapping ErrSlotInUse, if a process streams from it.
+func (c *Catalog) DropSlot(ctx context.Context, slot string) error {
+	if _, err := c.conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return fmt.Errorf("%w: drop slot %q: %s", ErrSlotInUse, slot, pgErr.Message)
+		}
+		return fmt.Errorf("drop replication slot %q: %w", slot, err)
+	}
+	return nil
+}
+
+// ErrResyncInterrupted is returned (wrapped) when a resync of the slot started and did not finish
+// publishing its snapshot: streaming now would skip the snapshot rows not yet published.
+var ErrResyncInterrupted = errors.New("a resync of this slot was interrupted")
+
+// ResyncMarker names the marker of an unfinished resync of slot: a physical slot that reserves no WAL,
+// created before the snapshot and dropped once every snapshot row is acknowledged.
+func ResyncMarker(slot string) string { return slot + "_resync" }
+
+// CreateResyncMarker creates the marker of a resync of slot (idempotent).
+func (c *Catalog) CreateResyncMarker(ctx context.Context, slot string) error {
+	_, err := c.conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, ResyncMarker(slot))
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") {
+		return fmt.Errorf("create resync marker slot %q: %w", ResyncMarker(slot), err)
+	}
+	return nil
+}
+
+// DropResyncMarker drops the marker of a resync of slot, if it exists.
+func (c *Catalog) DropResyncMarker(ctx context.Context, slot string) error {
+	_, err := c.conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, ResyncMarker(slot))
+	if err != nil {
+		return fmt.Errorf("drop resync marker slot %q: %w", ResyncMarker(slot), err)
+	}
+	return nil
+}
+
+// resyncLockKey is the advisory lock a running resync of slot holds on its snapshot connection.
+const resyncLockKey = `hashtextextended('outbox-cdc resync ' || $1, 0)`
+
+// LockResync takes the slot's resync lock for the life of this connection: a router waits while it
+// is held instead of refusing the marker, and a second resync of the same slot is refused.
+func (c *Catalog) LockResync(ctx context.Context, slot string) error {
+	var ok bool
+	if err := c.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+resyncLockKey+`)`, slot).Scan(&ok); err != nil {
+		return fmt.Errorf("take the resync lock of slot %q: %w", slot, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: another resync of slot %q is running", ErrSlotInUse, slot)
+	}
+	return nil
+}
+
+// resyncRunning reports whether a resync process holds the slot's resync lock.
+func (c *Catalog) resyncRunning(ctx context.Context, slot string) (bool, error) {
+	var free bool
+	if err := c.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+resyncLockKey+`)`, slot).Scan(&free); err != nil {
+		return false, fmt.Errorf("check the resync lock of slot %q: %w", slot, err)
+	}
+	if free {
+		if _, err := c.conn.Exec(ctx, `SELECT pg_advisory_unlock(`+resyncLockKey+`)`, slot); err != nil {
+			return false, fmt.Errorf("release the resync lock of slot %q: %w", slot, err)
+		}
+	}
+	return !free, nil
+}
+
+// isPrivilegeError reports SQLSTATE class 42 (syntax error or access rule violation).
+func isPrivilegeError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42")
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

@@ -1,0 +1,183 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// SnapshotFilter selects snapshot rows. Zero fields select everything.
+type SnapshotFilter struct {
+	// Since and Until bound the created-at column (Until is exclusive).
+	Since, Until time.Time
+	// EventTypes and AggregateIDs, when not empty, select only those rows.
+	EventTypes, AggregateIDs []string
+}
+
+// SnapshotColumns names the columns a snapshot query filters and orders by.
+type SnapshotColumns struct {
+	// EventType and AggregateID are required; AggregateVersion and CreatedAt may be empty.
+	EventType, AggregateID, AggregateVersion, CreatedAt string
+}
+
+// Snapshot reads outbox rows in one repeatable-read, read-only transaction: the snapshot a slot
+// exported at its consistent point, or (for dry runs) a snapshot of now. Rows come in per-aggregate
+// order — by aggregate, then its version, then created-at, then physical position — so that each
+// Kafka key receives its events in order. It is not safe for concurrent use.
+type Snapshot struct {
+	conn    *pgx.Conn
+	decoder *RowDecoder
+	open    bool // the cursor is declared
+}
+
+// exportedSnapshotRE is the form of the snapshot names PostgreSQL exports: it is spliced into SET
+// TRANSACTION SNAPSHOT, which takes no parameters.
+var exportedSnapshotRE = regexp.MustCompile(`^[0-9A-Fa-f-]{1,64}$`)
+
+// OpenSnapshot starts a repeatable-read, read-only transaction on a new connection to url; with a
+// non-empty name it imports that exported snapshot (the replication connection that exported it must
+// still be open and idle).
+func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
+	if name != "" && !exportedSnapshotRE.MatchString(name) {
+		return nil, fmt.Errorf("unexpected exported snapshot name %q", name)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect for the snapshot: %w", err)
+	}
+	stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"}
+	if name != "" {
+		stmts = append(stmts, "SET TRANSACTION SNAPSHOT '"+name+"'")
+	}
+	for _, st := range stmts {
+		if _, err := conn.Exec(ctx, st); err != nil {
+			_ = conn.Close(context.Background())
+			return nil, fmt.Errorf("open the snapshot (%s): %w", st, err)
+		}
+	}
+	return &Snapshot{conn: conn, decoder: NewRowDecoder()}, nil
+}
+
+// Close ends the snapshot's transaction and closes its connection.
+func (s *Snapshot) Close(ctx context.Context) error {
+	_, err := s.conn.Exec(ctx, "ROLLBACK")
+	if cerr := s.conn.Close(ctx); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// where builds the filter's WHERE clause with parameters.
+func where(cols SnapshotColumns, f SnapshotFilter) (string, []any, error) {
+	var conds []string
+	var args []any
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		conds = append(conds, fmt.Sprintf(cond, len(args)))
+	}
+	if (!f.Since.IsZero() || !f.Until.IsZero()) && cols.CreatedAt == "" {
+		return "", nil, errors.New("a time filter needs postgres.columns.created_at")
+	}
+	created := pgx.Identifier{cols.CreatedAt}.Sanitize()
+	if !f.Since.IsZero() {
+		add(created+" >= $%d", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add(created+" < $%d", f.Until)
+	}
+	if len(f.EventTypes) > 0 {
+		add(pgx.Identifier{cols.EventType}.Sanitize()+"::text = ANY($%d::text[])", f.EventTypes)
+	}
+	if len(f.AggregateIDs) > 0 {
+		add(pgx.Identifier{cols.AggregateID}.Sanitize()+"::text = ANY($%d::text[])", f.AggregateIDs)
+	}
+	if len(conds) == 0 {
+		return "", nil, nil
+	}
+	return " WHERE " + strings.Join(conds, " AND "), args, nil
+}
+
+// Count returns the number of rows of table that the filter selects.
+func (s *Snapshot) Count(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter) (int64, error) {
+	w, args, err := where(cols, f)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := s.conn.QueryRow(ctx, "SELECT count(*) FROM "+o.qualified()+w, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count snapshot rows: %w", err)
+	}
+	return n, nil
+}
+
+// snapshotFetchSize is how many rows one FETCH reads from the snapshot cursor.
+const snapshotFetchSize = 1000
+
+// cursorName names the snapshot cursor.
+const cursorName = "outbox_cdc_snapshot"
+
+// Each reads the rows the filter selects in per-aggregate order, decodes them as WAL rows are
+// decoded, and calls fn for each. It reads a bounded number of rows at a time (a server-side cursor),
+// whatever the table's size.
+func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter, fn func(*Row) error) error {
+	w, args, err := where(cols, f)
+	if err != nil {
+		return err
+	}
+	order := []string{pgx.Identifier{cols.AggregateID}.Sanitize()}
+	if cols.AggregateVersion != "" {
+		order = append(order, pgx.Identifier{cols.AggregateVersion}.Sanitize())
+	}
+	if cols.CreatedAt != "" {
+		order = append(order, pgx.Identifier{cols.CreatedAt}.Sanitize())
+	}
+	order = append(order, "ctid")
+	if s.open {
+		if _, err := s.conn.Exec(ctx, "CLOSE "+cursorName); err != nil {
+			return fmt.Errorf("close snapshot cursor: %w", err)
+		}
+	}
+	if _, err := s.conn.Exec(ctx, "DECLARE "+cursorName+" NO SCROLL CURSOR FOR SELECT * FROM "+o.qualified()+w+" ORDER BY "+strings.Join(order, ", "), args...); err != nil {
+		return fmt.Errorf("open snapshot cursor: %w", err)
+	}
+	s.open = true
+	for {
+		// The simple protocol returns every value in text form, as the WAL carries them.
+		results, err := s.conn.PgConn().Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotFetchSize, cursorName)).ReadAll()
+		if err != nil {
+			return fmt.Errorf("read snapshot: %w", err)
+		}
+		r := results[0]
+		if len(r.Rows) == 0 {
+			return nil
+		}
+		names := make([]string, len(r.FieldDescriptions))
+		oids := make([]uint32, len(r.FieldDescriptions))
+		for i, fd := range r.FieldDescriptions {
+			names[i], oids[i] = fd.Name, fd.DataTypeOID
+		}
+		for _, values := range r.Rows {
+			row, err := s.decoder.Decode(names, oids, values)
+			if err != nil {
+				return fmt.Errorf("decode snapshot row: %w", err)
+			}
+			if err := fn(&row); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// WALHeld returns how much WAL the slot keeps (pg_current_wal_lsn() - restart_lsn), pretty-printed.
+func (c *Catalog) WALHeld(ctx context.Context, slot string) string {
+	var held *string
+	if err := c.conn.QueryRow(ctx, `SELECT pg_size_pretty(pg_current_wal_lsn() - restart_lsn) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&held); err != nil || held == nil {
+		return "an unknown amount"
+	}
+	return *held
+}
