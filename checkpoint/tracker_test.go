@@ -168,7 +168,7 @@ func TestStreamShapedTrafficStaysSafeAndBounded(t *testing.T) {
 			tx  *Tx
 			end LSN // 0 until committed
 		}
-		var pending []*inflight // one per unacknowledged record
+		var pending []*inflight  // one per unacknowledged record
 		var withRows []*inflight // one per transaction that had records
 		var lowestUnsafe func() LSN = func() LSN {
 			low := LSN(0)
