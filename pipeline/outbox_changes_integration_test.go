@@ -1,0 +1,305 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+)
+
+// runInBackground runs a pipeline until it returns or the test ends; the channel yields Run's result.
+func runInBackground(t *testing.T, p *Pipeline) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- p.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(60 * time.Second):
+			t.Error("pipeline did not stop within 60 s")
+		}
+	})
+	return done
+}
+
+// currentLSN returns pg_current_wal_lsn().
+func currentLSN(t *testing.T, f *testenv.Fixture) string {
+	t.Helper()
+	var lsn string
+	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// busyOtherTable writes about 5 MB to another table, so that keepalives carry a WAL end far past
+// the outbox's last change: an idle confirm would pass it.
+func busyOtherTable(t *testing.T, f *testenv.Fixture) {
+	t.Helper()
+	ctx := context.Background()
+	other := strings.Replace(f.Table, "ob_", "busy_", 1)
+	if _, err := f.DB.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+other+" (id bigserial primary key, filler text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+other) })
+	for i := 0; i < 5; i++ {
+		if _, err := f.DB.Exec(ctx, "INSERT INTO "+other+" (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 1000) g"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// partitionedOutbox replaces the fixture's table by a range-partitioned one (by created_at) with a
+// partition for last month and one for this month.
+func partitionedOutbox(t *testing.T, f *testenv.Fixture) {
+	t.Helper()
+	ctx := context.Background()
+	name := strings.TrimPrefix(f.Table, "public.")
+	stmts := []string{
+		"DROP PUBLICATION IF EXISTS " + f.Publication,
+		"DROP TABLE " + f.Table,
+		`CREATE TABLE ` + f.Table + ` (
+			event_id uuid NOT NULL, event_type text NOT NULL, aggregate_type text, aggregate_id text NOT NULL,
+			aggregate_version bigint, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+			PRIMARY KEY (event_id, created_at)) PARTITION BY RANGE (created_at)`,
+		fmt.Sprintf(`CREATE TABLE %s_old PARTITION OF %s FOR VALUES FROM ('2000-01-01') TO ('2026-01-01')`, name, f.Table),
+		fmt.Sprintf(`CREATE TABLE %s_now PARTITION OF %s FOR VALUES FROM ('2026-01-01') TO ('2100-01-01')`, name, f.Table),
+	}
+	for _, s := range stmts {
+		if _, err := f.DB.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// insertAt writes events in one transaction with the given created_at.
+func insertAt(t *testing.T, f *testenv.Fixture, at time.Time, evs []testenv.Event) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.DB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, e := range evs {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+f.Table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload, e.Headers, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPartitionedOutbox: a range-partitioned outbox streams its rows under its own name — rows of
+// every partition, of a partition attached while streaming, and around an old partition detached and
+// dropped while streaming — with nothing lost.
+func TestPartitionedOutbox(t *testing.T) {
+	f := testenv.NewFixture(t)
+	partitionedOutbox(t, f)
+	startPipeline(t, testConfig(f)) // creates the publication, via the partition root
+	gen := testenv.NewGenerator(5, "Partitioned")
+	var want []testenv.Event
+	batch := func(at time.Time) {
+		evs := []testenv.Event{gen.Event(len(want)), gen.Event(len(want) + 1), gen.Event(len(want) + 2)}
+		insertAt(t, f, at, evs)
+		want = append(want, evs...)
+	}
+	name := strings.TrimPrefix(f.Table, "public.")
+	ctx := context.Background()
+	batch(time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC)) // the old partition
+	batch(time.Now())                                  // this one
+	if _, err := f.DB.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s_next PARTITION OF %s FOR VALUES FROM ('2100-01-01') TO ('2200-01-01')`, name, f.Table)); err != nil {
+		t.Fatal(err)
+	}
+	batch(time.Date(2150, 1, 1, 0, 0, 0, 0, time.UTC)) // the partition attached while streaming
+	batch(time.Date(2025, 7, 1, 0, 0, 0, 0, time.UTC))
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Partitioned"), len(want), time.Minute)
+	testenv.VerifyDelivery(t, f, want, got)
+	// Clean up the way partitioned outboxes are meant to: detach and drop an old partition.
+	for _, s := range []string{fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s_old", f.Table, name), fmt.Sprintf("DROP TABLE %s_old", name)} {
+		if _, err := f.DB.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	batch(time.Now())
+	batch(time.Date(2150, 2, 1, 0, 0, 0, 0, time.UTC))
+	got = testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Partitioned"), len(want), time.Minute)
+	testenv.VerifyDelivery(t, f, want, got)
+}
+
+// TestPartitionedOutboxNeedsViaRoot: an existing publication that does not publish via the partition
+// root is refused at start with the statement that fixes it.
+func TestPartitionedOutboxNeedsViaRoot(t *testing.T) {
+	f := testenv.NewFixture(t)
+	partitionedOutbox(t, f)
+	if _, err := f.DB.Exec(context.Background(), "CREATE PUBLICATION "+f.Publication+" FOR TABLE "+f.Table+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(testConfig(f), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = p.Run(ctx)
+	want := "ALTER PUBLICATION " + pgx.Identifier{f.Publication}.Sanitize() + " SET (publish_via_partition_root = true)"
+	if !errors.Is(err, replication.ErrNotSetUp) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("run returned %v, want a set-up error naming %q", err, want)
+	}
+}
+
+// TestSchemaDriftStopsBeforeTheSlotMoves: when the payload column disappears from the stream mid-way
+// (renamed, or left out of the publication's column list), the router stops with an error naming the
+// column, after delivering and confirming everything before it, and never confirms past it.
+func TestSchemaDriftStopsBeforeTheSlotMoves(t *testing.T) {
+	tests := []struct{ name, ddl string }{
+		{"renamed", "ALTER TABLE %[1]s RENAME COLUMN payload TO body"},
+		{"left out of the column list", "ALTER PUBLICATION %[2]s SET TABLE %[1]s (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, headers, created_at)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := testenv.NewFixture(t)
+			p, err := New(testConfig(f), testLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := runInBackground(t, p)
+			testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+			gen := testenv.NewGenerator(3, "Drift")
+			before := []testenv.Event{gen.Event(0), gen.Event(1)}
+			if err := testenv.InsertTx(context.Background(), f.DB, f.Table, before, false); err != nil {
+				t.Fatal(err)
+			}
+			admin, err := pgx.Connect(context.Background(), f.AdminURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer admin.Close(context.Background())
+			if _, err := admin.Exec(context.Background(), fmt.Sprintf(tt.ddl, f.Table, f.Publication)); err != nil {
+				t.Fatal(err)
+			}
+			atDrift := testenv.MustLSN(t, currentLSN(t, f))
+			// The row after the change, written however the table now allows.
+			col := "payload"
+			if tt.name == "renamed" {
+				col = "body"
+			}
+			if _, err := f.DB.Exec(context.Background(), `INSERT INTO `+f.Table+` (event_id, event_type, aggregate_id, `+col+`) VALUES (gen_random_uuid(), 'Drift', 'agg-9', '{"after": true}')`); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, replication.ErrOutboxChanged) || !strings.Contains(err.Error(), `"payload"`) {
+					t.Fatalf("run returned %v, want ErrOutboxChanged naming the payload column", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the router kept streaming after the payload column disappeared")
+			}
+			if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > atDrift {
+				t.Fatalf("slot confirmed %s, past %s where the payload column disappeared", c, atDrift)
+			}
+			got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Drift"), len(before), time.Minute)
+			testenv.VerifyDelivery(t, f, before, got)
+			for _, r := range got {
+				if len(r.Value) == 0 {
+					t.Fatalf("a record without a value reached Kafka: %v", r.Headers)
+				}
+			}
+		})
+	}
+}
+
+// TestOutboxLeavesThePublication: when the outbox is removed from the publication (or dropped and
+// re-created outside it) while the router idles and other tables are busy, the rows written since are
+// not in the stream; the router must stop with an error saying so, and never confirm past them.
+func TestOutboxLeavesThePublication(t *testing.T) {
+	tests := []struct{ name, ddl string }{
+		{"removed from the publication", "ALTER PUBLICATION %[2]s DROP TABLE %[1]s"},
+		{"dropped and re-created", "DROP TABLE %[1]s; CREATE TABLE %[1]s (event_id uuid PRIMARY KEY, event_type text NOT NULL, aggregate_type text, aggregate_id text NOT NULL, aggregate_version bigint, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := testenv.NewFixture(t)
+			p, err := New(testConfig(f), testLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := runInBackground(t, p)
+			testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+			if _, err := f.DB.Exec(context.Background(), fmt.Sprintf(tt.ddl, f.Table, f.Publication)); err != nil {
+				t.Fatal(err)
+			}
+			unpublished := testenv.MustLSN(t, currentLSN(t, f))
+			gen := testenv.NewGenerator(1, "Unpublished")
+			if err := testenv.InsertTx(context.Background(), f.DB, f.Table, []testenv.Event{gen.Event(0)}, false); err != nil {
+				t.Fatal(err)
+			}
+			busyOtherTable(t, f)
+			select {
+			case err := <-done:
+				if !errors.Is(err, replication.ErrOutboxChanged) || !strings.Contains(err.Error(), "resync") {
+					t.Fatalf("run returned %v, want ErrOutboxChanged pointing at resync", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the router kept streaming after the outbox left the publication")
+			}
+			if p.State() == StateStreaming {
+				t.Fatal("state still says streaming")
+			}
+			if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > unpublished {
+				t.Fatalf("slot confirmed %s, past %s where the outbox stopped being published", c, unpublished)
+			}
+		})
+	}
+}
+
+// TestHalfOpenConnectionIsReplaced black-holes the router's connections to PostgreSQL (no FIN, no
+// reset: the peer just goes silent) under load. The router must notice within its receive timeout,
+// take the slot back from its own dead session, and deliver everything.
+func TestHalfOpenConnectionIsReplaced(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	pgHost := strings.Split(strings.SplitN(f.PostgresURL, "@", 2)[1], "/")[0]
+	proxy := testenv.NewProxy(t, pgHost)
+	cfg.Postgres.URL = proxy.URL(t, f.PostgresURL)
+	cfg.Postgres.StatusInterval = time.Second
+	cfg.Postgres.ReceiveTimeout = 4 * time.Second
+	run := startPipeline(t, cfg)
+	writer := testenv.StartWriter(t, f, testenv.NewGenerator(10, "Silenced"), 3, 10*time.Millisecond, true)
+	time.Sleep(2 * time.Second)
+	if n := proxy.BlackHole(); n == 0 {
+		t.Fatal("no connection went through the proxy")
+	}
+	holed := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "the router to leave the silent session", func() bool { return run.p.State() != StateStreaming })
+	left := time.Since(holed)
+	testenv.WaitFor(t, 30*time.Second, "the router to stream again", func() bool { return run.p.State() == StateStreaming })
+	back := time.Since(holed)
+	time.Sleep(2 * time.Second)
+	want, err := writer.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Silenced"), len(want), 2*time.Minute)
+	dups := testenv.VerifyDelivery(t, f, want, got)
+	t.Logf("silence noticed after %s, streaming again after %s (receive timeout %s, wal_sender_timeout 60s); %d events, %d duplicates",
+		left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), cfg.Postgres.ReceiveTimeout, len(want), dups)
+	if back > 20*time.Second {
+		t.Errorf("took %s to stream again: the router waited for the server to drop its dead session", back)
+	}
+}
