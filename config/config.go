@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -135,6 +136,10 @@ type Routing struct {
 	// DLQTopic receives rows that can never be delivered, with headers giving the reason. Empty: such a
 	// row stops the router with an error instead.
 	DLQTopic string `yaml:"dlq_topic"`
+	// AllowedTopics, when not empty, lists glob patterns (*, ?, [...]) that every routed topic must
+	// match; a row routed elsewhere is undeliverable. It bounds the topics that rows can make the
+	// router create.
+	AllowedTopics []string `yaml:"allowed_topics"`
 }
 
 // Limits bound the router's memory.
@@ -321,6 +326,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.DLQTopic != "" && !router.ValidTopic(c.Routing.DLQTopic) {
 		bad("routing.dlq_topic", "%q is not a valid Kafka topic name", c.Routing.DLQTopic)
+	}
+	for _, pattern := range c.Routing.AllowedTopics {
+		if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
+			bad("routing.allowed_topics", "%q is not a glob pattern (*, ?, [...])", pattern)
+		}
 	}
 	if c.Limits.MaxInFlightRecords < 1 {
 		bad("limits.max_inflight_records", "must be at least 1, got %d", c.Limits.MaxInFlightRecords)

@@ -106,6 +106,7 @@ var settings = []setting{
 	{"routing.topic", "OUTBOX_CDC_TOPIC", "topic", "topic template, {column} is replaced by the row's value", str(func(c *Config) *string { return &c.Routing.Topic })},
 	{"routing.fallback_topic", "OUTBOX_CDC_FALLBACK_TOPIC", "fallback-topic", "topic for rows the template cannot route", str(func(c *Config) *string { return &c.Routing.FallbackTopic })},
 	{"routing.dlq_topic", "OUTBOX_CDC_DLQ_TOPIC", "dlq-topic", "dead-letter topic for rows that can never be delivered", str(func(c *Config) *string { return &c.Routing.DLQTopic })},
+	{"routing.allowed_topics", "OUTBOX_CDC_ALLOWED_TOPICS", "allowed-topics", "comma-separated glob patterns every routed topic must match (empty: any)", list(func(c *Config) *[]string { return &c.Routing.AllowedTopics })},
 	{"limits.max_inflight_records", "OUTBOX_CDC_MAX_INFLIGHT_RECORDS", "", "", integer(func(c *Config) *int { return &c.Limits.MaxInFlightRecords })},
 	{"limits.max_inflight_bytes", "OUTBOX_CDC_MAX_INFLIGHT_BYTES", "", "", integer(func(c *Config) *int64 { return &c.Limits.MaxInFlightBytes })},
 	{"log.level", "OUTBOX_CDC_LOG_LEVEL", "log-level", "debug, info, warn or error", str(func(c *Config) *string { return &c.Log.Level })},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,8 +68,10 @@ func New() *Metrics {
 	return m
 }
 
-// bounded returns the label values to use, replacing them by _other past maxLabelSets.
+// bounded returns the label values to use: valid UTF-8 (row content may be anything, and the
+// client library panics on invalid label values), replaced by _other past maxLabelSets.
 func (m *Metrics) bounded(a, b string) (string, string) {
+	a, b = strings.ToValidUTF8(a, "\uFFFD"), strings.ToValidUTF8(b, "\uFFFD")
 	key := a + "\x00" + b
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -153,3 +153,19 @@ func TestDashboardsUseExistingMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidUTF8LabelsNeverPanic: an event_type that is not valid UTF-8 (a SQL_ASCII database, a
+// bytea column) reaches the counters as it is; it must be counted, never panic the process.
+func TestInvalidUTF8LabelsNeverPanic(t *testing.T) {
+	m := New()
+	bad := "Order\xff\xfePaid"
+	m.Produced("orders", bad, 10, time.Millisecond, time.Millisecond)
+	m.DeadLettered(bad, "unroutable")
+	m.DeadLettered("\xc3", "rejected")
+	rec := httptest.NewRecorder()
+	m.Handler(fixedSnapshot(pipeline.StateStreaming)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	if !strings.Contains(body, `event_type="Order`+"\uFFFD"+`Paid"`) {
+		t.Fatalf("the invalid event type is not counted under its sanitized name:\n%s", body)
+	}
+}

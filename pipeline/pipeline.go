@@ -36,6 +36,9 @@ type Pipeline struct {
 	state    atomic.Int32
 	obs      observed
 	observer router.Observer
+	// isolateUntil is the highest commit position of a batch Kafka rejected: transactions up to it
+	// are produced one record at a time, so that only the record at fault is dead-lettered.
+	isolateUntil uint64
 }
 
 // Option configures a Pipeline.
@@ -71,7 +74,7 @@ func (p *Pipeline) State() State { return State(p.state.Load()) }
 
 // New validates what the configuration cannot check alone (the routing rules) and returns a pipeline.
 func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error) {
-	rules, err := router.NewRules(cfg.Routing.Topic, cfg.Routing.Topics, cfg.Routing.FallbackTopic, columns(cfg))
+	rules, err := router.NewRules(cfg.Routing.Topic, cfg.Routing.Topics, cfg.Routing.FallbackTopic, cfg.Routing.AllowedTopics, columns(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
@@ -269,6 +272,17 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}
 	if rerr := rt.Err(); rerr != nil {
 		runErr = &kafkaError{rerr}
+		var rejected *router.RejectedBatchError
+		if errors.As(rerr, &rejected) {
+			// Every record of the rejected partition fails with it; wait for their promises to name
+			// their transactions, then replay those one record at a time.
+			fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = rt.Flush(fctx)
+			fcancel()
+			p.isolateUntil = max(p.isolateUntil, rt.RejectedUpTo())
+			p.log.Warn("kafka rejected a batch: replaying its transactions one record at a time", "topic", rejected.Topic,
+				"error", rejected.Err.Error(), "isolate_until_lsn", checkpoint.LSN(p.isolateUntil).String())
+		}
 	}
 	cancel(nil)
 	<-verifying
@@ -441,7 +455,7 @@ func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
 		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,
 		MaxInFlightBytes: cfg.Limits.MaxInFlightBytes, Linger: cfg.Kafka.Linger, Logger: p.log, Counters: &p.Router,
-		Observer: p.observer,
+		Observer: p.observer, IsolateUntil: p.isolateUntil,
 	})
 	if err != nil {
 		return nil, &kafkaError{err}
@@ -505,7 +519,7 @@ type handler struct {
 
 // Deliver implements replication.Handler.
 func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
-	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String(), CommitTime: tx.CommitTime()})
+	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String(), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -447,4 +448,59 @@ func TestKafkaTLS(t *testing.T) {
 	}
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Encrypted"), len(evs), time.Minute)
 	testenv.VerifyDelivery(t, f, evs, got)
+}
+
+// TestBrokerRejectionDeadLettersOnlyTheRecordAtFault: the broker itself rejects a batch (the topic's
+// max.message.bytes was lowered after the router learned it), failing an oversized record and its
+// small neighbours with the same error. Only the oversized record may be dead-lettered; the
+// neighbours are replayed and delivered, in order, and nothing replays forever.
+func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
+	f := testenv.NewFixture(t)
+	topic := f.TopicPrefix + ".Shrinking"
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	if _, err := adm.CreateTopic(ctx, 1, -1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(f)
+	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
+	run := startPipeline(t, cfg)
+	gen := testenv.NewGenerator(1, "Shrinking")
+	warm := gen.Event(0)
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{warm}, true); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 1, time.Minute)
+	limit := "4096"
+	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, topic); err != nil {
+		t.Fatal(err)
+	}
+	before, big, after := gen.Event(0), gen.Event(0), gen.Event(0)
+	// Random bytes: the producer compresses batches, and the broker checks the compressed size.
+	noise := make([]byte, 12000)
+	for i := range noise {
+		noise[i] = byte(rand.IntN(256))
+	}
+	big.Payload = `{"blob": "` + base64.StdEncoding.EncodeToString(noise) + `"}`
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{before, big, after}, true); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 3, time.Minute)
+	testenv.VerifyDelivery(t, f, []testenv.Event{warm, before, after}, got)
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, 30*time.Second)
+	time.Sleep(time.Second)
+	dlq = append(dlq, testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 100, 2*time.Second)[len(dlq):]...)
+	if len(dlq) != 1 || testenv.Header(dlq[0], "event_id") != big.ID {
+		ids := make([]string, len(dlq))
+		for i, r := range dlq {
+			ids[i] = testenv.Header(r, "event_id")
+		}
+		t.Fatalf("dead-letter topic holds %v, want only the big event %s", ids, big.ID)
+	}
+	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], router.HeaderDLQReason), run.p.Snapshot().Restarts)
 }

@@ -38,6 +38,26 @@ func (l *limiter) Acquire(ctx context.Context, n int64) error {
 	}
 }
 
+// AcquireAlone takes room for one record of n bytes once nothing else is in flight, waiting until
+// then or until ctx ends: the record is then alone in the producer, in a batch of its own.
+func (l *limiter) AcquireAlone(ctx context.Context, n int64) error {
+	for {
+		l.mu.Lock()
+		if l.records == 0 {
+			l.records++
+			l.bytes += n
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Release returns the room of one record of n bytes.
 func (l *limiter) Release(n int64) {
 	l.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -18,15 +19,23 @@ const (
 	HeaderCreatedAt        = "created_at"
 )
 
-// Header names set on dead-letter records, besides the original record's headers.
+// Header names set on dead-letter records, besides the original record's headers. A row's own
+// headers under the outbox.dlq. prefix are dropped, so that they can never pass for these.
 const (
-	HeaderDLQReason        = "outbox.dlq.reason"
-	HeaderDLQSourceLSN     = "outbox.dlq.source_lsn"
-	HeaderDLQTime          = "outbox.dlq.time"
-	HeaderDLQTopic         = "outbox.dlq.original_topic"
-	HeaderDLQTruncated     = "outbox.dlq.value_truncated"
-	HeaderDLQOriginalBytes = "outbox.dlq.original_value_bytes"
+	HeaderDLQReason             = "outbox.dlq.reason"
+	HeaderDLQSourceLSN          = "outbox.dlq.source_lsn"
+	HeaderDLQTime               = "outbox.dlq.time"
+	HeaderDLQTopic              = "outbox.dlq.original_topic"
+	HeaderDLQTruncated          = "outbox.dlq.value_truncated"
+	HeaderDLQOriginalBytes      = "outbox.dlq.original_value_bytes"
+	HeaderDLQKeyTruncated       = "outbox.dlq.key_truncated"
+	HeaderDLQOriginalKeyBytes   = "outbox.dlq.original_key_bytes"
+	HeaderDLQHeadersDropped     = "outbox.dlq.headers_dropped"
+	HeaderDLQOriginalHeaderSize = "outbox.dlq.original_headers_bytes"
 )
+
+// dlqHeaderPrefix starts every dead-letter header name.
+const dlqHeaderPrefix = "outbox.dlq."
 
 var reservedHeaders = map[string]bool{
 	HeaderEventID: true, HeaderEventType: true, HeaderAggregateType: true, HeaderAggregateVersion: true, HeaderCreatedAt: true,
@@ -43,6 +52,9 @@ func buildRecord(row Row, cols Columns) (*kgo.Record, error) {
 		rec.Key = id
 	} else {
 		problem = &Unroutable{Reason: fmt.Sprintf("column %s (aggregate id, the Kafka key) is NULL or empty", cols.AggregateID)}
+	}
+	if id, ok := row.Value(cols.EventID); (!ok || len(id) == 0) && problem == nil {
+		problem = &Unroutable{Reason: fmt.Sprintf("column %s (event id, which consumers deduplicate on) is NULL or empty", cols.EventID)}
 	}
 	if v, ok := row.Value(cols.Payload); ok {
 		rec.Value = v
@@ -81,7 +93,7 @@ func jsonHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
-		if !reservedHeaders[k] {
+		if !reservedHeaders[k] && !strings.HasPrefix(k, dlqHeaderPrefix) {
 			keys = append(keys, k)
 		}
 	}
@@ -103,12 +115,21 @@ func jsonHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 	return out, nil
 }
 
-// recordSize estimates the bytes a record takes in a batch, generously: the sum of key, value and
-// headers plus per-record and per-batch overhead.
+// Kafka's record batch format (v2): a batch header of 61 bytes, then per record a length, attributes,
+// timestamp and offset deltas, key and value lengths and a header count, all varints (at most 36 bytes
+// together), and per header two varint lengths (at most 10 bytes). Brokers check max.message.bytes
+// against the whole batch, uncompressed here as Kafka's Java producer does.
+const (
+	batchOverhead  = 61 + 36
+	headerOverhead = 10
+)
+
+// recordSize is the size of a batch that holds only r: what the broker compares with
+// max.message.bytes. It never underestimates.
 func recordSize(r *kgo.Record) int {
-	n := len(r.Key) + len(r.Value) + len(r.Topic) + 128
+	n := batchOverhead + len(r.Key) + len(r.Value)
 	for _, h := range r.Headers {
-		n += len(h.Key) + len(h.Value) + 10
+		n += headerOverhead + len(h.Key) + len(h.Value)
 	}
 	return n
 }

@@ -1,15 +1,20 @@
 package router
 
 import (
+	"bytes"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func TestBuildRecord(t *testing.T) {
 	row := mapRow{
 		"event_id": "7d1c4d6a-0000-4000-8000-000000000001", "event_type": "OrderPaid", "aggregate_type": "order",
 		"aggregate_id": "42", "aggregate_version": "7", "payload": `{"total": 9.99}`, "created_at": "2026-12-02T08:00:00Z",
-		"headers": `{"traceparent": "00-abc-def-01", "retries": 2, "event_id": "spoofed", "note": null}`,
+		"headers": `{"traceparent": "00-abc-def-01", "retries": 2, "event_id": "spoofed", "note": null, "outbox.dlq.reason": "spoofed"}`,
 	}
 	rec, err := buildRecord(row, defaultCols)
 	if err != nil {
@@ -45,9 +50,10 @@ func TestBuildRecordProblems(t *testing.T) {
 		row  mapRow
 		want string
 	}{
-		{"null aggregate id", mapRow{"event_type": "A", "payload": "{}"}, "aggregate id"},
-		{"empty aggregate id", mapRow{"event_type": "A", "aggregate_id": "", "payload": "{}"}, "aggregate id"},
-		{"headers not an object", mapRow{"event_type": "A", "aggregate_id": "1", "payload": "{}", "headers": "[1,2]"}, "JSON object"},
+		{"null aggregate id", mapRow{"event_id": "e", "event_type": "A", "payload": "{}"}, "aggregate id"},
+		{"empty aggregate id", mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "", "payload": "{}"}, "aggregate id"},
+		{"null event id", mapRow{"event_type": "A", "aggregate_id": "1", "payload": "{}"}, "event id, which consumers deduplicate on"},
+		{"headers not an object", mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1", "payload": "{}", "headers": "[1,2]"}, "JSON object"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -63,11 +69,77 @@ func TestBuildRecordProblems(t *testing.T) {
 }
 
 func TestNullPayloadIsATombstone(t *testing.T) {
-	rec, err := buildRecord(mapRow{"event_type": "A", "aggregate_id": "1"}, defaultCols)
+	rec, err := buildRecord(mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rec.Value != nil {
 		t.Fatalf("value %q, want nil", rec.Value)
+	}
+}
+
+// TestDeadLetterRecordAlwaysFits: whatever the row held — a huge value, a huge key, huge headers —
+// the dead-letter record fits the limit, keeps its own headers whole, marks every cut with the
+// original size, and holds copies, not prefixes of the row's buffers.
+func TestDeadLetterRecordAlwaysFits(t *testing.T) {
+	big := func(n int) []byte { return bytes.Repeat([]byte("x"), n) }
+	own := []kgo.RecordHeader{{Key: HeaderDLQReason, Value: []byte("too large")}, {Key: HeaderDLQSourceLSN, Value: []byte("0/1")}}
+	tests := []struct {
+		name                string
+		key, value          []byte
+		headers             []kgo.RecordHeader
+		wantMarks, wantGone []string
+	}{
+		{"fits as is", []byte("k"), []byte("v"), nil, nil, []string{HeaderDLQTruncated, HeaderDLQKeyTruncated, HeaderDLQHeadersDropped}},
+		{"large value", []byte("k"), big(50000), nil, []string{HeaderDLQTruncated, HeaderDLQOriginalBytes}, []string{HeaderDLQKeyTruncated}},
+		{"large headers", []byte("k"), []byte("v"), []kgo.RecordHeader{{Key: "trace", Value: big(40000)}}, []string{HeaderDLQHeadersDropped, HeaderDLQOriginalHeaderSize}, []string{HeaderDLQKeyTruncated}},
+		{"large key", big(40000), []byte("v"), nil, []string{HeaderDLQKeyTruncated, HeaderDLQOriginalKeyBytes}, nil},
+		{"everything large", big(30000), big(30000), []kgo.RecordHeader{{Key: "a", Value: big(30000)}, {Key: "b", Value: big(30000)}},
+			[]string{HeaderDLQTruncated, HeaderDLQHeadersDropped, HeaderDLQKeyTruncated}, nil},
+	}
+	const limit = 4096
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key, value := bytes.Clone(tt.key), bytes.Clone(tt.value)
+			rec := &kgo.Record{Topic: "dlq", Key: key, Value: value, Headers: slices.Clone(tt.headers)}
+			fitDLQ(rec, own, limit)
+			if n := recordSize(rec); n > limit {
+				t.Fatalf("dead-letter record of %d bytes, limit %d", n, limit)
+			}
+			for _, h := range own {
+				if header(rec, h.Key) != string(h.Value) {
+					t.Errorf("dead-letter header %s lost", h.Key)
+				}
+			}
+			for _, k := range tt.wantMarks {
+				if header(rec, k) == "" {
+					t.Errorf("marker %s missing: %v", k, rec.Headers)
+				}
+			}
+			for _, k := range tt.wantGone {
+				if header(rec, k) != "" {
+					t.Errorf("marker %s set though nothing was cut", k)
+				}
+			}
+			if got := header(rec, HeaderDLQOriginalBytes); got != "" && got != strconv.Itoa(len(tt.value)) {
+				t.Errorf("original value bytes %s, want %d", got, len(tt.value))
+			}
+			// The kept bytes must not alias the row's (large) buffers.
+			if len(tt.value) > limit && len(rec.Value) > 0 && &rec.Value[0] == &value[0] {
+				t.Error("the cut value shares the row's buffer")
+			}
+			if len(tt.key) > limit && len(rec.Key) > 0 && &rec.Key[0] == &key[0] {
+				t.Error("the cut key shares the row's buffer")
+			}
+		})
+	}
+}
+
+func TestRecordSizeNeverUnderestimates(t *testing.T) {
+	rec := &kgo.Record{Key: []byte("42"), Value: bytes.Repeat([]byte("v"), 300), Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("e")}}}
+	// A batch of one record: 61 bytes of batch header, the record's varints, key, value, headers.
+	min := 61 + len(rec.Key) + len(rec.Value) + len("event_id") + 1
+	if n := recordSize(rec); n < min || n > min+60 {
+		t.Fatalf("recordSize %d, want between %d and %d", n, min, min+60)
 	}
 }

@@ -5,6 +5,7 @@ package router
 
 import (
 	"fmt"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -31,11 +32,14 @@ func (c Columns) roles() map[string]string {
 }
 
 // Rules choose a row's topic: an explicit event_type -> topic map first, then the template, then the
-// fallback topic for rows the template cannot route.
+// fallback topic for rows the template cannot route. An allow-list, when set, bounds the topics the
+// template may produce: anyone who can insert into the outbox could otherwise have the router create
+// any number of topics.
 type Rules struct {
 	parts    []templatePart
 	topics   map[string]string
 	fallback string
+	allowed  []string
 	cols     Columns
 }
 
@@ -48,14 +52,27 @@ var placeholderRE = regexp.MustCompile(`\{([^{}]*)\}`)
 
 // NewRules compiles the routing rules. In template, {name} is replaced by the row's value of column
 // name; the role names event_type, aggregate_type, aggregate_id, ... stand for their configured columns.
-func NewRules(template string, topics map[string]string, fallback string, cols Columns) (*Rules, error) {
-	r := &Rules{topics: topics, fallback: fallback, cols: cols}
+// allowed, when not empty, lists the glob patterns (path.Match: *, ?, [...]) a template's topic must
+// match; the fallback topic and the topics map must match them too.
+func NewRules(template string, topics map[string]string, fallback string, allowed []string, cols Columns) (*Rules, error) {
+	r := &Rules{topics: topics, fallback: fallback, allowed: allowed, cols: cols}
+	for _, pattern := range allowed {
+		if _, err := path.Match(pattern, ""); err != nil {
+			return nil, fmt.Errorf("allowed topic pattern %q: %w", pattern, err)
+		}
+	}
 	if fallback != "" && !ValidTopic(fallback) {
 		return nil, fmt.Errorf("fallback topic %q is not a valid Kafka topic name", fallback)
+	}
+	if fallback != "" && !r.Allowed(fallback) {
+		return nil, fmt.Errorf("fallback topic %q matches no allowed topic pattern", fallback)
 	}
 	for et, t := range topics {
 		if !ValidTopic(t) {
 			return nil, fmt.Errorf("topic %q for event type %q is not a valid Kafka topic name", t, et)
+		}
+		if !r.Allowed(t) {
+			return nil, fmt.Errorf("topic %q for event type %q matches no allowed topic pattern", t, et)
 		}
 	}
 	roles := cols.roles()
@@ -118,9 +135,25 @@ func (r *Rules) Topic(row Row) (string, error) {
 	}
 	topic := b.String()
 	if !ValidTopic(topic) {
-		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-])", truncate(topic, 300)))
+		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-], not starting with __, which Kafka keeps for itself)", truncate(topic, 300)))
+	}
+	if !r.Allowed(topic) {
+		return "", &Unroutable{Reason: fmt.Sprintf("topic %q matches no pattern of routing.allowed_topics", topic)}
 	}
 	return topic, nil
+}
+
+// Allowed reports whether topic matches the allow-list (always, when it is empty).
+func (r *Rules) Allowed(topic string) bool {
+	if len(r.allowed) == 0 {
+		return true
+	}
+	for _, pattern := range r.allowed {
+		if ok, _ := path.Match(pattern, topic); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TemplateColumns are the columns the topic template reads, as configured (role names resolved).
@@ -143,9 +176,11 @@ func (r *Rules) orFallback(reason string) (string, error) {
 
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
-// ValidTopic reports whether name is a legal Kafka topic name.
+// ValidTopic reports whether name is a legal Kafka topic name for records: 1 to 249 of
+// [a-zA-Z0-9._-], not "." or "..", and not starting with "__" (Kafka's internal topics, such as
+// __consumer_offsets and __transaction_state).
 func ValidTopic(name string) bool {
-	return topicRE.MatchString(name) && name != "." && name != ".."
+	return topicRE.MatchString(name) && name != "." && name != ".." && !strings.HasPrefix(name, "__")
 }
 
 func truncate(s string, n int) string {

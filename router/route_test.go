@@ -48,7 +48,7 @@ func TestRulesTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewRules(tt.template, tt.topics, tt.fallback, defaultCols)
+			r, err := NewRules(tt.template, tt.topics, tt.fallback, nil, defaultCols)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func TestRulesTopic(t *testing.T) {
 func TestRulesUseConfiguredColumnNames(t *testing.T) {
 	cols := defaultCols
 	cols.EventType = "kind"
-	r, err := NewRules("{event_type}", nil, "", cols)
+	r, err := NewRules("{event_type}", nil, "", nil, cols)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +80,11 @@ func TestRulesUseConfiguredColumnNames(t *testing.T) {
 
 func TestNewRulesRejectsBadTemplates(t *testing.T) {
 	for _, tmpl := range []string{"{}", "a.{event_type", "a}b"} {
-		if _, err := NewRules(tmpl, nil, "", defaultCols); err == nil {
+		if _, err := NewRules(tmpl, nil, "", nil, defaultCols); err == nil {
 			t.Errorf("template %q accepted", tmpl)
 		}
 	}
-	if _, err := NewRules("{event_type}", map[string]string{"X": "bad topic"}, "", defaultCols); err == nil {
+	if _, err := NewRules("{event_type}", map[string]string{"X": "bad topic"}, "", nil, defaultCols); err == nil {
 		t.Error("invalid mapped topic accepted")
 	}
 }
@@ -93,7 +93,7 @@ func TestNewRulesRejectsBadTemplates(t *testing.T) {
 func TestTopicIsAlwaysValidOrUnroutable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	alphabet := []rune("abcXYZ019._-/ {}ü")
-	r, err := NewRules("pre.{event_type}.{aggregate_type}", nil, "", defaultCols)
+	r, err := NewRules("pre.{event_type}.{aggregate_type}", nil, "", nil, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}

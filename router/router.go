@@ -1,11 +1,14 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +45,12 @@ type Options struct {
 	MaxInFlightBytes int64
 	// Linger is the producer's linger.
 	Linger time.Duration
+	// IsolateUntil, when not zero, has every row whose Source.CommitLSN is at or below it produced
+	// alone: one record in flight, in a batch of its own. A previous session's batch that Kafka
+	// rejected is replayed this way, so that only the record at fault is dead-lettered.
+	IsolateUntil uint64
+	// TopicSetupTimeout bounds the creation and inspection of one topic (default 30 s).
+	TopicSetupTimeout time.Duration
 	// Logger receives the router's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the router runs.
@@ -75,12 +84,15 @@ type Observer interface {
 	DeadLettered(eventType, class string)
 }
 
-// Source describes where a row came from, for dead-letter headers and latency metrics.
+// Source describes where a row came from, for dead-letter headers, latency metrics and isolation.
 type Source struct {
 	// LSN is the WAL position of the row, formatted as PostgreSQL does.
 	LSN string
 	// CommitTime is the commit time of the row's transaction.
 	CommitTime time.Time
+	// CommitLSN is the commit position of the row's transaction (zero when the row does not come
+	// from the WAL): a rejected batch is replayed alone up to the highest one (Options.IsolateUntil).
+	CommitLSN uint64
 }
 
 // ErrConfig is returned (wrapped) for a Kafka setting that can never work (a CA file without a
@@ -101,23 +113,62 @@ func (e *UndeliverableError) Error() string {
 	return fmt.Sprintf("event %s can never be delivered and routing.dlq_topic is not set: %s", e.EventID, e.Reason)
 }
 
+// RejectedBatchError is the router's failure when Kafka rejected a batch as too large or invalid. The
+// client fails every record buffered for the partition with the same error, so which record is at
+// fault is known only by producing each alone: the pipeline replays the transactions up to UpTo with
+// Options.IsolateUntil, and dead-letters only a record that fails on its own.
+type RejectedBatchError struct {
+	// Topic is the topic of the rejected batch; Err the broker's error.
+	Topic string
+	Err   error
+	// UpTo is the highest commit position among the rejected records (see Router.RejectedUpTo for
+	// the final figure once every promise has run).
+	UpTo uint64
+}
+
+// Error implements error.
+func (e *RejectedBatchError) Error() string {
+	return fmt.Sprintf("kafka rejected a batch for topic %s (%v): replaying its transactions one record at a time to find the record at fault", e.Topic, e.Err)
+}
+
+// Unwrap returns the broker's error.
+func (e *RejectedBatchError) Unwrap() error { return e.Err }
+
 // Router delivers rows to Kafka. Prepare and Produce are called from one goroutine; acknowledgements run on the
 // producer's promise goroutine.
 type Router struct {
 	opts    Options
 	client  *kgo.Client
+	alone   *kgo.Client // linger 0, for records produced alone; nil unless Options.IsolateUntil is set
 	admin   *kadm.Client
 	log     *slog.Logger
 	limiter *limiter
-	limits  *sync.Map             // topic -> int32: the largest batch the topic takes (min of its max.message.bytes and ours)
+	topics  *sync.Map             // topic -> topicInfo, once prepared
 	preps   map[string]*topicPrep // topics being prepared; used by Prepare's goroutine only
+	// lastAlone is true when the previous record was produced alone: the next one waits until it
+	// is acknowledged, since two clients do not keep order between them. Prepare's goroutine only.
+	lastAlone bool
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc
 
+	rejectedUpTo atomic.Uint64
+
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
+}
+
+// topicInfo is what the router learned of a topic.
+type topicInfo struct {
+	// limit is the largest batch the topic takes: the smaller of its max.message.bytes and ours.
+	limit int32
+	// partitions is the partition count when the router first used the topic; 0 if unknown.
+	partitions int32
+	// refused, when not empty, says why no record can ever go to the topic.
+	refused string
+	// grew is set once the topic was seen with more partitions (warned once).
+	grew *atomic.Bool
 }
 
 // New creates a router and its Kafka client. It does not contact Kafka; Ping does.
@@ -128,10 +179,13 @@ func New(opts Options) (*Router, error) {
 	if opts.Counters == nil {
 		opts.Counters = new(Counters)
 	}
+	if opts.TopicSetupTimeout <= 0 {
+		opts.TopicSetupTimeout = 30 * time.Second
+	}
 	if opts.MaxInFlightRecords <= 0 || opts.MaxInFlightBytes <= 0 || opts.MaxMessageBytes <= 0 {
 		return nil, errors.New("router: in-flight limits and max message bytes must be positive")
 	}
-	limits := new(sync.Map)
+	topics := new(sync.Map)
 	kopts, err := ClientOpts(opts.Brokers, opts.Security)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -143,8 +197,8 @@ func New(opts Options) (*Router, error) {
 		// Batches never exceed what their topic takes, so that one record's size cannot make the broker
 		// reject a batch of innocent ones.
 		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
-			if v, ok := limits.Load(topic); ok {
-				return v.(int32)
+			if v, ok := topics.Load(topic); ok && v.(topicInfo).limit > 0 {
+				return v.(topicInfo).limit
 			}
 			return opts.MaxMessageBytes
 		}),
@@ -152,22 +206,31 @@ func New(opts Options) (*Router, error) {
 		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords+16),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
 	)
-	if opts.Linger > 0 {
-		kopts = append(kopts, kgo.ProducerLinger(opts.Linger))
-	}
 	kopts = append(kopts, opts.ExtraOpts...)
-	client, err := kgo.NewClient(kopts...)
+	mainOpts := kopts
+	if opts.Linger > 0 {
+		mainOpts = append(slices.Clip(kopts), kgo.ProducerLinger(opts.Linger))
+	}
+	client, err := kgo.NewClient(mainOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	var alone *kgo.Client
+	if opts.IsolateUntil > 0 {
+		if alone, err = kgo.NewClient(append(slices.Clip(kopts), kgo.ProducerLinger(0))...); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("create kafka client: %w", err)
+		}
 	}
 	closeCtx, closeFn := context.WithCancel(context.Background())
 	return &Router{
 		opts:     opts,
 		client:   client,
+		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
 		limiter:  newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
-		limits:   limits,
+		topics:   topics,
 		preps:    make(map[string]*topicPrep),
 		closeCtx: closeCtx,
 		closeFn:  closeFn,
@@ -175,15 +238,19 @@ func New(opts Options) (*Router, error) {
 	}, nil
 }
 
-// Ping checks that a broker answers, and creates the dead-letter topic if it is configured and
-// topic creation is on.
+// Ping checks that a broker answers, and that the dead-letter topic, if configured, exists or can be
+// created.
 func (r *Router) Ping(ctx context.Context) error {
 	if err := r.client.Ping(ctx); err != nil {
 		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Brokers, err)
 	}
 	if r.opts.DLQTopic != "" {
-		if _, err := r.prepareTopic(ctx, r.opts.DLQTopic); err != nil {
+		info, err := r.prepareTopic(ctx, r.opts.DLQTopic)
+		if err != nil {
 			return err
+		}
+		if info.refused != "" {
+			return fmt.Errorf("%w: routing.dlq_topic: %s", ErrConfig, info.refused)
 		}
 	}
 	return nil
@@ -202,6 +269,10 @@ func (r *Router) Err() error {
 	}
 }
 
+// RejectedUpTo is the highest commit position among records Kafka rejected in a batch (0 when none):
+// the next session isolates up to it. Read it once the producer has settled (after Flush).
+func (r *Router) RejectedUpTo() uint64 { return r.rejectedUpTo.Load() }
+
 func (r *Router) fail(err error) {
 	r.failOnce.Do(func() {
 		r.failErr = err
@@ -214,6 +285,7 @@ type Prepared struct {
 	rec       *kgo.Record
 	size      int64
 	src       Source
+	alone     bool   // produced alone: a rejection proves the record itself is at fault
 	dlqReason string // non-empty: the record goes to the dead-letter topic for this reason
 	dlqClass  string
 }
@@ -228,16 +300,21 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	}
 	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.MaxMessageBytes)
 	if problem == nil {
-		limit, err := r.prepareTopic(ctx, rec.Topic)
+		info, err := r.prepareTopic(ctx, rec.Topic)
 		if err != nil {
 			return nil, err
 		}
-		if size > int(limit)-512 {
-			problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, limit)}
+		switch {
+		case info.refused != "":
+			problem, class = &Unroutable{Reason: info.refused}, "unroutable"
+		case size > int(info.limit):
+			problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
 			class = "too_large"
 		}
 	}
-	p := &Prepared{rec: rec, src: src, size: int64(min(size, int(r.opts.MaxMessageBytes)))}
+	// The real size counts against the byte cap, however large: a record over the cap waits until
+	// nothing else is in flight and then goes alone.
+	p := &Prepared{rec: rec, src: src, size: int64(size)}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
 			err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: problem.Error()}
@@ -246,9 +323,17 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		}
 		p.dlqReason, p.dlqClass = problem.Error(), class
 	}
-	if err := r.limiter.Acquire(ctx, p.size); err != nil {
+	p.alone = r.alone != nil && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
+	var err error
+	if p.alone || r.lastAlone {
+		err = r.limiter.AcquireAlone(ctx, p.size)
+	} else {
+		err = r.limiter.Acquire(ctx, p.size)
+	}
+	if err != nil {
 		return nil, err
 	}
+	r.lastAlone = p.alone
 	r.trackInFlight()
 	return p, nil
 }
@@ -269,13 +354,18 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 		r.produceDLQ(p.rec, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
 	}
+	client := r.client
+	if p.alone {
+		client = r.alone
+	}
 	start := time.Now()
-	r.client.Produce(context.Background(), p.rec, func(rec *kgo.Record, err error) {
+	client.Produce(context.Background(), p.rec, func(rec *kgo.Record, err error) {
 		if err == nil {
 			n := len(rec.Key) + len(rec.Value)
 			r.opts.Counters.Produced.Add(1)
 			r.opts.Counters.ProducedBytes.Add(int64(n))
 			r.release(p.size)
+			r.checkPartitions(rec)
 			if r.opts.Observer != nil {
 				now := time.Now()
 				var e2e time.Duration
@@ -287,13 +377,40 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 			ack()
 			return
 		}
-		if neverDeliverable(err) {
-			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record: %v", err), "rejected", p.size, ack)
-			return
+		switch {
+		case errors.Is(err, kerr.InvalidTopicException):
+			// The topic, not the batch, is at fault: no record can ever go to it.
+			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka refused topic %s: %v", rec.Topic, err), "unroutable", p.size, ack)
+		case recordRejected(err) && p.alone:
+			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", p.size, ack)
+		case recordRejected(err):
+			r.release(p.size)
+			for {
+				upTo := r.rejectedUpTo.Load()
+				if p.src.CommitLSN <= upTo || r.rejectedUpTo.CompareAndSwap(upTo, p.src.CommitLSN) {
+					break
+				}
+			}
+			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
+		default:
+			r.release(p.size)
+			r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, HeaderEventID), rec.Topic, err))
 		}
-		r.release(p.size)
-		r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, HeaderEventID), rec.Topic, err))
 	})
+}
+
+// checkPartitions warns, once per topic, when a record went to a partition the topic did not have
+// when the router first used it: keys now map to other partitions.
+func (r *Router) checkPartitions(rec *kgo.Record) {
+	v, ok := r.topics.Load(rec.Topic)
+	if !ok {
+		return
+	}
+	info := v.(topicInfo)
+	if info.partitions > 0 && rec.Partition >= info.partitions && info.grew.CompareAndSwap(false, true) {
+		r.log.Warn("topic gained partitions while streaming: keys now map to other partitions, so consumers may see a key's new events before its older ones still unread on its old partition",
+			"topic", rec.Topic, "partitions_at_start", info.partitions, "partition_seen", rec.Partition)
+	}
 }
 
 // resolve builds the record for row with its topic and size, or says why the row can never be
@@ -305,8 +422,8 @@ func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *k
 	}
 	size = recordSize(rec)
 	class = "unroutable"
-	if problem == nil && size > int(maxMessageBytes)-512 {
-		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
+	if problem == nil && size > int(maxMessageBytes) {
+		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
 		class = "too_large"
 	}
 	return rec, size, problem, class
@@ -319,11 +436,16 @@ func Plan(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (topic str
 	return rec.Topic, problem
 }
 
-// neverDeliverable reports whether Kafka rejected the record itself, so that retrying can never help.
-func neverDeliverable(err error) bool {
+// recordRejected reports whether Kafka rejected a batch for what a record in it is (too large,
+// invalid): retrying the same batch can never help, and only producing each record alone tells
+// which one is at fault.
+func recordRejected(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
 		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
 }
+
+// maxReasonBytes bounds the reason header of a dead-letter record.
+const maxReasonBytes = 2048
 
 // produceDLQ writes the dead-letter record for rec; the room held under size is released when it is
 // acknowledged. It never blocks, so it may run on the promise goroutine.
@@ -334,26 +456,24 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 		return
 	}
 	dlq := &kgo.Record{Topic: r.opts.DLQTopic, Key: orig.Key, Value: orig.Value}
-	dlq.Headers = append(dlq.Headers, orig.Headers...)
-	dlq.Headers = append(dlq.Headers,
-		kgo.RecordHeader{Key: HeaderDLQReason, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderDLQSourceLSN, Value: []byte(src.LSN)},
-		kgo.RecordHeader{Key: HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
-	)
+	for _, h := range orig.Headers {
+		if !strings.HasPrefix(h.Key, dlqHeaderPrefix) {
+			dlq.Headers = append(dlq.Headers, h)
+		}
+	}
+	own := []kgo.RecordHeader{
+		{Key: HeaderDLQReason, Value: []byte(truncate(reason, maxReasonBytes))},
+		{Key: HeaderDLQSourceLSN, Value: []byte(src.LSN)},
+		{Key: HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	}
 	if orig.Topic != "" {
-		dlq.Headers = append(dlq.Headers, kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(orig.Topic)})
+		own = append(own, kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(orig.Topic)})
 	}
-	// The dead-letter topic has a size limit too: keep as much of the value as fits and say so.
-	dlqLimit := r.opts.MaxMessageBytes
-	if v, ok := r.limits.Load(r.opts.DLQTopic); ok {
-		dlqLimit = v.(int32)
+	limit := r.opts.MaxMessageBytes
+	if v, ok := r.topics.Load(r.opts.DLQTopic); ok && v.(topicInfo).limit > 0 {
+		limit = v.(topicInfo).limit
 	}
-	if limit := int(dlqLimit) - 4096 - (recordSize(dlq) - len(dlq.Value)); len(dlq.Value) > limit {
-		dlq.Headers = append(dlq.Headers,
-			kgo.RecordHeader{Key: HeaderDLQTruncated, Value: []byte("true")},
-			kgo.RecordHeader{Key: HeaderDLQOriginalBytes, Value: []byte(strconv.Itoa(len(dlq.Value)))})
-		dlq.Value = dlq.Value[:max(limit, 0)]
-	}
+	fitDLQ(dlq, own, int(limit))
 	r.log.Warn("dead-lettering event", "event_id", header(orig, HeaderEventID), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
 	r.client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(size)
@@ -367,6 +487,46 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 		}
 		ack()
 	})
+}
+
+// dlqMarkerRoom is what the truncation marker headers may take.
+const dlqMarkerRoom = 6*(headerOverhead+40) + 64
+
+// fitDLQ makes the dead-letter record fit in limit bytes whatever the row held: it appends the
+// dead-letter headers own, then cuts the value, drops the row's headers, and cuts the key, in that
+// order and as far as needed, marking each cut with the original size. What is kept is copied, so
+// that the row's large buffers are not kept alive by a prefix.
+func fitDLQ(dlq *kgo.Record, own []kgo.RecordHeader, limit int) {
+	dlq.Headers = append(dlq.Headers, own...)
+	if recordSize(dlq) <= limit {
+		return
+	}
+	budget := limit - dlqMarkerRoom
+	var marks []kgo.RecordHeader
+	mark := func(k, v string) { marks = append(marks, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Value) > 0 {
+		keep := max(len(dlq.Value)-over, 0)
+		mark(HeaderDLQTruncated, "true")
+		mark(HeaderDLQOriginalBytes, strconv.Itoa(len(dlq.Value)))
+		dlq.Value = bytes.Clone(dlq.Value[:keep])
+	}
+	if recordSize(dlq) > budget && len(dlq.Headers) > len(own) {
+		dropped := dlq.Headers[:len(dlq.Headers)-len(own)]
+		n := 0
+		for _, h := range dropped {
+			n += len(h.Key) + len(h.Value)
+		}
+		mark(HeaderDLQHeadersDropped, strconv.Itoa(len(dropped)))
+		mark(HeaderDLQOriginalHeaderSize, strconv.Itoa(n))
+		dlq.Headers = slices.Clone(own)
+	}
+	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Key) > 0 {
+		keep := max(len(dlq.Key)-over, 0)
+		mark(HeaderDLQKeyTruncated, "true")
+		mark(HeaderDLQOriginalKeyBytes, strconv.Itoa(len(dlq.Key)))
+		dlq.Key = bytes.Clone(dlq.Key[:keep])
+	}
+	dlq.Headers = append(dlq.Headers, marks...)
 }
 
 func (r *Router) release(size int64) {
@@ -383,91 +543,138 @@ func (r *Router) trackInFlight() {
 // topicPrep is a topic's preparation under way: it outlives the short waits of Prepare, so that a
 // slow CreateTopics or DescribeConfigs is not restarted on every retry.
 type topicPrep struct {
-	done  chan struct{}
-	limit int32
-	err   error
+	done chan struct{}
+	info topicInfo
+	err  error
 }
 
-// topicPrepTimeout bounds one topic's preparation.
-const topicPrepTimeout = 30 * time.Second
-
-// prepareTopic makes sure topic exists (creating it if topic creation is on) and returns the largest
-// batch it takes: the smaller of its max.message.bytes and kafka.max_message_bytes. It asks Kafka once
-// per topic and router; while it waits, ctx may end and a later call picks the same work up.
-func (r *Router) prepareTopic(ctx context.Context, topic string) (int32, error) {
-	if v, ok := r.limits.Load(topic); ok {
-		return v.(int32), nil
+// prepareTopic makes sure topic exists (creating it if topic creation is on) and learns what it
+// takes, or why it can take nothing. It asks Kafka once per topic and router; while it waits, ctx may
+// end and a later call picks the same work up. A failed preparation is logged and returned as an
+// error that is not ctx's, so that callers waiting for room do not take it for their own deadline.
+func (r *Router) prepareTopic(ctx context.Context, topic string) (topicInfo, error) {
+	if v, ok := r.topics.Load(topic); ok {
+		return v.(topicInfo), nil
 	}
 	p, ok := r.preps[topic]
 	if !ok {
 		p = &topicPrep{done: make(chan struct{})}
 		r.preps[topic] = p
 		go func() {
-			pctx, cancel := context.WithTimeout(r.closeCtx, topicPrepTimeout)
+			pctx, cancel := context.WithTimeout(r.closeCtx, r.opts.TopicSetupTimeout)
 			defer cancel()
-			p.limit, p.err = r.fetchTopic(pctx, topic)
+			p.info, p.err = r.fetchTopic(pctx, topic)
 			close(p.done)
 		}()
 	}
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return topicInfo{}, ctx.Err()
 	}
 	delete(r.preps, topic)
 	if p.err != nil {
-		return 0, p.err
+		r.log.Warn("topic set-up failed; the session stops and retries", "topic", topic, "error", p.err.Error())
+		return topicInfo{}, p.err
 	}
-	r.limits.Store(topic, p.limit)
-	return p.limit, nil
+	p.info.grew = new(atomic.Bool)
+	r.topics.Store(topic, p.info)
+	if p.info.refused != "" {
+		r.log.Warn("topic refused: records routed to it are undeliverable", "topic", topic, "reason", p.info.refused)
+	}
+	return p.info, nil
 }
 
-// fetchTopic creates topic if topic creation is on and reads its max.message.bytes.
-func (r *Router) fetchTopic(ctx context.Context, topic string) (int32, error) {
+// errTopicSetupTimeout replaces a context deadline in topic set-up errors.
+var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout")
+
+// fetchTopic creates topic if topic creation is on, and reads its partition count and
+// max.message.bytes. A topic Kafka will never take (an invalid or colliding name, or a missing topic
+// that may not be created) is reported in topicInfo.refused, not as an error.
+func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error) {
+	info := topicInfo{limit: r.opts.MaxMessageBytes}
+	wrap := func(what string, err error) error {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			err = errTopicSetupTimeout
+		}
+		return fmt.Errorf("%s topic %s: %w", what, topic, err)
+	}
 	if r.opts.CreateTopics {
 		resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
 		switch {
 		case err == nil:
 			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
+			info.partitions = resp.NumPartitions
 		case errors.Is(err, kerr.TopicAlreadyExists):
+		case errors.Is(err, kerr.InvalidTopicException):
+			info.refused = fmt.Sprintf("kafka refused to create topic %s (an invalid name, or one colliding with an existing topic when '.' and '_' are taken as equal): %v", topic, err)
+			return info, nil
 		default:
-			return 0, fmt.Errorf("create topic %s: %w", topic, err)
+			return info, wrap("create", err)
 		}
 	}
-	limit := r.opts.MaxMessageBytes
+	if info.partitions == 0 {
+		details, err := r.admin.ListTopics(ctx, topic)
+		if err != nil {
+			return info, wrap("look up", err)
+		}
+		d, ok := details[topic]
+		switch {
+		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+			if !r.opts.CreateTopics {
+				info.refused = fmt.Sprintf("topic %s does not exist and kafka.create_topics is off", topic)
+				return info, nil
+			}
+		case errors.Is(d.Err, kerr.InvalidTopicException):
+			info.refused = fmt.Sprintf("kafka refused topic %s: %v", topic, d.Err)
+			return info, nil
+		case d.Err != nil:
+			return info, wrap("look up", d.Err)
+		default:
+			info.partitions = int32(len(d.Partitions))
+		}
+	}
 	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, fmt.Errorf("read the configuration of topic %s: %w", topic, err)
+			return info, wrap("read the configuration of", err)
 		}
 		r.log.Warn("cannot read the topic's max.message.bytes; assuming kafka.max_message_bytes", "topic", topic, "error", err.Error())
-		return limit, nil
+		return info, nil
 	}
 	if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
 		for _, c := range rc.Configs {
 			if c.Key != "max.message.bytes" || c.Value == nil {
 				continue
 			}
-			if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < limit {
-				limit = int32(n)
+			if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < info.limit {
+				info.limit = int32(n)
 			}
 		}
 	}
-	return limit, nil
+	return info, nil
 }
 
-// Flush waits until every buffered record is acknowledged or ctx ends.
+// Flush waits until every buffered record is acknowledged (or failed) or ctx ends.
 func (r *Router) Flush(ctx context.Context) error {
+	if r.alone != nil {
+		if err := r.alone.Flush(ctx); err != nil {
+			return fmt.Errorf("flush kafka producer: %w", err)
+		}
+	}
 	if err := r.client.Flush(ctx); err != nil {
 		return fmt.Errorf("flush kafka producer: %w", err)
 	}
 	return nil
 }
 
-// Close closes the Kafka client; records not yet acknowledged are failed and never acknowledged.
+// Close closes the Kafka clients; records not yet acknowledged are failed and never acknowledged.
 func (r *Router) Close() {
 	r.closeFn()
 	r.client.Close()
+	if r.alone != nil {
+		r.alone.Close()
+	}
 }
 
 // kgoLogger sends franz-go's errors to slog. Its warnings repeat every second while a broker is

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,7 +48,7 @@ func failProduce(c *kfake.Cluster, topic string, errCode int16) {
 
 func newTestRouter(t *testing.T, c *kfake.Cluster, dlq string) (*Router, *Counters) {
 	t.Helper()
-	rules, err := NewRules("{event_type}", nil, "", defaultCols)
+	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,29 +112,247 @@ func TestFinalProduceErrorFailsWithoutAck(t *testing.T) {
 	}
 }
 
-// TestBrokerRejectedRecordIsDeadLettered: a record the broker rejects as too large goes to the
-// dead-letter topic and only then counts as acknowledged.
-func TestBrokerRejectedRecordIsDeadLettered(t *testing.T) {
+// rejectLargeBatches makes the fake cluster refuse, as a broker with a small max.message.bytes does,
+// every produce to topic whose record batch is over limit bytes; requests with no such batch go to the
+// fake broker as usual. Other partitions of a refused request get a retriable error.
+func rejectLargeBatches(c *kfake.Cluster, topic string, limit int) {
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.ProduceRequest)
+		hit := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				hit = hit || (rt.Topic == topic && len(rp.Records) > limit)
+			}
+		}
+		if !hit {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				if rt.Topic == topic && len(rp.Records) > limit {
+					sp.ErrorCode = kerr.MessageTooLarge.Code
+				}
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
+// classes records the dead-letter classes an Observer is told of.
+type classes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *classes) Produced(string, string, int, time.Duration, time.Duration) {}
+func (c *classes) DeadLettered(_, class string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got = append(c.got, class)
+}
+
+// TestRejectedBatchIsolatesTheRecordAtFault: the broker refuses a batch that holds one oversized
+// record among small ones, failing them all with the same error. The router must dead-letter none of
+// them, but fail naming the transactions involved; replayed alone (IsolateUntil), only the record at
+// fault is dead-lettered and its neighbours are delivered.
+func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "dlq"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	failProduce(c, "orders", kerr.MessageTooLarge.Code)
-	r, counters := newTestRouter(t, c, "dlq")
-	acked := make(chan struct{}, 1)
-	if err := send(t, r, row("orders", "e1"), func() { acked <- struct{}{} }); err != nil {
+	rejectLargeBatches(c, "orders", 3000)
+	rows := []mapRow{row("orders", "small-1"), row("orders", "big"), row("orders", "small-2")}
+	rows[1]["payload"] = `{"blob": "` + strings.Repeat("b", 5000) + `"}`
+	const commitLSN = 42
+
+	newRouter := func(isolateUntil uint64, obs Observer) (*Router, *Counters) {
+		rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counters := new(Counters)
+		r, err := New(Options{
+			Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "dlq",
+			MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20, Counters: counters, Observer: obs,
+			Linger: 50 * time.Millisecond, IsolateUntil: isolateUntil,
+			ExtraOpts: []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		return r, counters
+	}
+	produceAll := func(r *Router, acked *atomic.Int32) {
+		for _, rw := range rows {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			p, err := r.Prepare(ctx, rw, Source{LSN: "0/1", CommitLSN: commitLSN})
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Produce(p, func() { acked.Add(1) })
+		}
+	}
+
+	// First session: the batch is refused; nothing is acknowledged or dead-lettered.
+	first, counters := newRouter(0, nil)
+	var acked atomic.Int32
+	produceAll(first, &acked)
+	select {
+	case <-first.Failed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("router did not fail on a rejected batch")
+	}
+	var rejected *RejectedBatchError
+	if !errors.As(first.Err(), &rejected) {
+		t.Fatalf("router error %v, want a RejectedBatchError", first.Err())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = first.Flush(ctx)
+	cancel()
+	if first.RejectedUpTo() != commitLSN {
+		t.Fatalf("rejected up to %d, want %d", first.RejectedUpTo(), commitLSN)
+	}
+	if acked.Load() != 0 || counters.DeadLettered.Load() != 0 {
+		t.Fatalf("first session acknowledged %d and dead-lettered %d records of a rejected batch", acked.Load(), counters.DeadLettered.Load())
+	}
+
+	// Replay alone: only the big record is dead-lettered.
+	obs := &classes{}
+	second, counters := newRouter(commitLSN, obs)
+	acked.Store(0)
+	produceAll(second, &acked)
+	testWait(t, 20*time.Second, func() bool { return acked.Load() == 3 || second.Err() != nil })
+	if err := second.Err(); err != nil {
+		t.Fatalf("replay failed: %v", err)
+	}
+	if counters.Produced.Load() != 2 || counters.DeadLettered.Load() != 1 {
+		t.Fatalf("replay produced %d and dead-lettered %d, want 2 and 1", counters.Produced.Load(), counters.DeadLettered.Load())
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.got) != 1 || obs.got[0] != "rejected" {
+		t.Fatalf("dead-letter classes %v, want [rejected]", obs.got)
+	}
+}
+
+func testWait(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRefusedTopicsAreUndeliverable: a topic Kafka refuses to create (an invalid or colliding
+// name), and a missing topic with creation off, make their rows dead letters with the reason —
+// never a session that fails and replays forever.
+func TestRefusedTopicsAreUndeliverable(t *testing.T) {
+	tests := []struct {
+		name, want string
+		create     bool
+		control    func(c *kfake.Cluster)
+	}{
+		{"collision refused at create", "kafka refused to create topic", true, func(c *kfake.Cluster) {
+			c.ControlKey(int16(kmsg.CreateTopics), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				req := kreq.(*kmsg.CreateTopicsRequest)
+				resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+				for _, rt := range req.Topics {
+					st := kmsg.NewCreateTopicsResponseTopic()
+					st.Topic, st.ErrorCode = rt.Topic, kerr.InvalidTopicException.Code
+					resp.Topics = append(resp.Topics, st)
+				}
+				return resp, nil, true
+			})
+		}},
+		{"missing, creation off", "does not exist and kafka.create_topics is off", false, func(*kfake.Cluster) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "dlq"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			tt.control(c)
+			rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obs := &classes{}
+			counters := new(Counters)
+			r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "dlq",
+				CreateTopics: tt.create, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000,
+				MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20, Counters: counters, Observer: obs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			p, err := r.Prepare(ctx, row("a.b", "e1"), Source{LSN: "0/1"})
+			if err != nil {
+				t.Fatalf("prepare: %v", err)
+			}
+			if p.Topic() != "" || !strings.Contains(p.dlqReason, tt.want) {
+				t.Fatalf("prepared for topic %q with reason %q, want the dead-letter topic with a reason containing %q", p.Topic(), p.dlqReason, tt.want)
+			}
+			acked := make(chan struct{})
+			r.Produce(p, func() { close(acked) })
+			select {
+			case <-acked:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("not acknowledged through the dead-letter topic: %v", r.Err())
+			}
+		})
+	}
+}
+
+// TestTopicSetupTimeoutIsNotTakenForAWait: a topic set-up that times out must come back as an error
+// of its own, not as the caller's deadline (which the stream takes for "wait for room" and retries
+// silently).
+func TestTopicSetupTimeoutIsNotTakenForAWait(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-acked:
-	case <-r.Failed():
-		t.Fatalf("router failed: %v", r.Err())
-	case <-time.After(20 * time.Second):
-		t.Fatal("rejected record was never acknowledged through the dead-letter topic")
+	defer c.Close()
+	c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		time.Sleep(2 * time.Second)
+		return nil, nil, false
+	})
+	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if counters.DeadLettered.Load() != 1 || counters.Produced.Load() != 0 {
-		t.Fatalf("dead-lettered %d, produced %d; want 1, 0", counters.DeadLettered.Load(), counters.Produced.Load())
+	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, CreateTopics: true,
+		TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20,
+		TopicSetupTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = r.Prepare(ctx, row("slow", "e1"), Source{})
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "slow") {
+		t.Fatalf("got %v, want a topic set-up error naming the topic, not a context deadline", err)
 	}
 }
 
@@ -207,7 +427,7 @@ func TestSlowTopicCreationIsNotRestarted(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		return nil, nil, false
 	})
-	rules, err := NewRules("{event_type}", nil, "", defaultCols)
+	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
