@@ -94,7 +94,10 @@ twice changes nothing the second time. --dry-run prints the SQL and the topics a
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()
-			return runInit(ctx, cmd.OutOrStdout(), cfg, createTable, dryRun)
+			if err := runInit(ctx, cmd.OutOrStdout(), cfg, createTable, dryRun); err != nil {
+				return errors.New(scrubber(cfg).String(err.Error()))
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the SQL and the topic list, change nothing")
@@ -108,7 +111,7 @@ var errInitFailed = errors.New("prerequisites not met (see above)")
 func runInit(ctx context.Context, w io.Writer, cfg config.Config, createTable, dryRun bool) error {
 	db, err := pgx.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", config.MaskURL(cfg.Postgres.URL), err)
+		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
 	}
 	defer db.Close(context.Background())
 	schema, table := replication.SplitTable(cfg.Postgres.Table)

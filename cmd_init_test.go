@@ -52,7 +52,8 @@ func TestTableDDLMatchesSQLFile(t *testing.T) {
 }
 
 func TestEvaluateStatus(t *testing.T) {
-	healthy := Status{Slot: SlotReport{Name: "s", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 10}, Kafka: KafkaReport{Reachable: true}}
+	healthy := Status{Postgres: PostgresReport{Reachable: true}, Slot: SlotReport{Name: "s", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 10},
+		Publication: PublicationReport{Name: "p", Exists: true, PublishInsert: true}, Kafka: KafkaReport{Reachable: true}}
 	if p := evaluate(healthy, 100, 0); len(p) != 0 {
 		t.Fatalf("healthy status has problems: %v", p)
 	}
@@ -76,6 +77,12 @@ func TestEvaluateStatus(t *testing.T) {
 				t.Fatalf("problems %v, want one containing %q", p, tt.want)
 			}
 		})
+	}
+	// A database that did not answer: its slot and publication are unknown, not missing.
+	down := Status{Postgres: PostgresReport{Error: "password authentication failed"}, Slot: SlotReport{Name: "s"},
+		Publication: PublicationReport{Name: "p"}, Kafka: KafkaReport{Reachable: true}}
+	if p := evaluate(down, 100, 0); len(p) != 1 || !strings.Contains(p[0], "unknown") || strings.Contains(p[0], "does not exist") {
+		t.Fatalf("unreachable database reported as %v, want one problem saying the rest is unknown", p)
 	}
 	recent := healthy
 	recent.Slot.Active, recent.Slot.InactiveSeconds = false, 5

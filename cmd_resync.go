@@ -74,12 +74,12 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
 				}
 			}
 			opts.Progress = progressReporter(terminal)
-			log := newLogger(os.Stderr, cfg.Log)
+			log := newLogger(os.Stderr, cfg)
 			p, err := pipeline.New(cfg, log)
 			if err != nil {
 				return err
 			}
-			log.Info("outbox-cdc resync", "version", version, "postgres", config.MaskURL(cfg.Postgres.URL),
+			log.Info("outbox-cdc resync", "version", version, "postgres", cfg.PostgresTarget(),
 				"table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot, "dry_run", dryRun, "snapshot_only", snapshotOnly)
 			res, err := p.Resync(cmd.Context(), opts)
 			if err != nil {

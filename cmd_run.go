@@ -39,7 +39,7 @@ Environment variables:
 			if err != nil {
 				return err
 			}
-			log := newLogger(os.Stderr, cfg.Log)
+			log := newLogger(os.Stderr, cfg)
 			m := metrics.New()
 			p, err := pipeline.New(cfg, log, pipeline.WithObserver(m))
 			if err != nil {
@@ -60,10 +60,10 @@ Environment variables:
 					}
 				}()
 			}
-			log.Info("outbox-cdc starting", "version", version, "postgres", config.MaskURL(cfg.Postgres.URL),
+			log.Info("outbox-cdc starting", "version", version, "postgres", cfg.PostgresTarget(),
 				"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
 			if err := p.Run(ctx); err != nil {
-				log.Error("outbox-cdc stopped", "error", err.Error())
+				log.Error("outbox-cdc stopped: retrying cannot fix this; fix it and start again", "error", err.Error())
 				return errExit
 			}
 			return nil

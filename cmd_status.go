@@ -22,6 +22,9 @@ import (
 
 // Status is what `outbox-cdc status` reports.
 type Status struct {
+	// Postgres says whether the database answered; when it did not, the slot, publication and outbox
+	// are unknown, not missing.
+	Postgres PostgresReport `json:"postgres"`
 	// Slot, Publication, Outbox and Kafka are the parts of the report.
 	Slot        SlotReport        `json:"slot"`
 	Publication PublicationReport `json:"publication"`
@@ -30,6 +33,14 @@ type Status struct {
 	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it.
 	Healthy  bool     `json:"healthy"`
 	Problems []string `json:"problems"`
+}
+
+// PostgresReport says whether the database could be read.
+type PostgresReport struct {
+	// Target is user@host:port/database; Reachable says whether it answered (else Error).
+	Target    string `json:"target"`
+	Reachable bool   `json:"reachable"`
+	Error     string `json:"error,omitempty"`
 }
 
 // SlotReport is the replication slot's state.
@@ -110,6 +121,11 @@ Kafka unreachable — so it can drive an alert or a readiness probe.`,
 			defer cancel()
 			st := gatherStatus(ctx, cfg)
 			st.Problems = evaluate(st, maxLag, maxInactive)
+			scrub := scrubber(cfg)
+			for i, p := range st.Problems {
+				st.Problems[i] = scrub.String(p)
+			}
+			st.Postgres.Target, st.Postgres.Error, st.Kafka.Error = scrub.String(st.Postgres.Target), scrub.String(st.Postgres.Error), scrub.String(st.Kafka.Error)
 			st.Healthy = len(st.Problems) == 0
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -138,13 +154,14 @@ var errUnhealthy = fmt.Errorf("unhealthy")
 // gatherStatus reads everything status reports; failures become part of the report.
 func gatherStatus(ctx context.Context, cfg config.Config) Status {
 	st := Status{
+		Postgres:    PostgresReport{Target: cfg.PostgresTarget()},
 		Slot:        SlotReport{Name: cfg.Postgres.Slot, InactiveSeconds: -1},
 		Publication: PublicationReport{Name: cfg.Postgres.Publication},
 		Outbox:      OutboxReport{Table: cfg.Postgres.Table},
 		Kafka:       KafkaReport{Brokers: cfg.Kafka.Brokers},
 	}
 	if err := gatherPostgres(ctx, cfg, &st); err != nil {
-		st.Problems = append(st.Problems, "postgres: "+err.Error())
+		st.Postgres.Error = err.Error()
 	}
 	gatherKafka(ctx, cfg, &st)
 	return st
@@ -153,9 +170,10 @@ func gatherStatus(ctx context.Context, cfg config.Config) Status {
 func gatherPostgres(ctx context.Context, cfg config.Config, st *Status) error {
 	db, err := pgx.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", config.MaskURL(cfg.Postgres.URL), err)
+		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
 	}
 	defer db.Close(context.Background())
+	st.Postgres.Reachable = true
 	var hasInactiveSince bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_replication_slots'::regclass AND attname = 'inactive_since')`).Scan(&hasInactiveSince); err != nil {
 		return err
@@ -277,6 +295,9 @@ func evaluate(st Status, maxLag int64, maxInactive time.Duration) []string {
 	problems := append([]string(nil), st.Problems...)
 	s := st.Slot
 	switch {
+	case st.Postgres.Error != "":
+		// Nothing is known of the slot, the publication or the outbox: say so, and nothing more.
+		problems = append(problems, "postgres: "+st.Postgres.Error+" (slot, publication and outbox unknown)")
 	case !s.Exists:
 		problems = append(problems, fmt.Sprintf("slot %s does not exist: start outbox-cdc run (creates it) or outbox-cdc resync", s.Name))
 	case s.WALStatus == "lost":
@@ -291,6 +312,9 @@ func evaluate(st Status, maxLag int64, maxInactive time.Duration) []string {
 	if s.ResyncInterrupted {
 		problems = append(problems, fmt.Sprintf("a resync of slot %s was interrupted before its snapshot was published: run outbox-cdc resync again", s.Name))
 	}
+	if st.Postgres.Reachable && !st.Publication.Exists {
+		problems = append(problems, fmt.Sprintf("publication %s does not exist: start outbox-cdc run (creates it) or outbox-cdc init", st.Publication.Name))
+	}
 	if s.Exists && s.LagBytes > maxLag {
 		problems = append(problems, fmt.Sprintf("slot %s lags %d bytes behind pg_current_wal_lsn() (threshold %d)", s.Name, s.LagBytes, maxLag))
 	}
@@ -302,30 +326,44 @@ func evaluate(st Status, maxLag int64, maxInactive time.Duration) []string {
 
 func printStatus(w io.Writer, st Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "postgres\t%s\n", st.Postgres.Target)
+	if !st.Postgres.Reachable {
+		fmt.Fprintf(tw, "  reachable\tno: slot, publication and outbox unknown\n")
+	}
 	s := st.Slot
 	fmt.Fprintf(tw, "slot\t%s\n", s.Name)
-	if s.Exists {
+	unknown := func() { fmt.Fprintf(tw, "  exists\tunknown\n") }
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case s.Exists:
 		active := "no"
 		if s.Active {
 			active = fmt.Sprintf("yes (pid %d)", s.ActivePID)
 		}
 		fmt.Fprintf(tw, "  active\t%s\n  wal_status\t%s\n  confirmed_flush_lsn\t%s\n  restart_lsn\t%s\n  WAL held\t%s\n  lag\t%s\n",
 			active, s.WALStatus, s.ConfirmedFlushLSN, s.RestartLSN, bytesHuman(s.WALHeldBytes), bytesHuman(s.LagBytes))
-	} else {
+	default:
 		fmt.Fprintf(tw, "  exists\tno\n")
 	}
 	p := st.Publication
 	fmt.Fprintf(tw, "publication\t%s\n", p.Name)
-	if p.Exists {
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case p.Exists:
 		fmt.Fprintf(tw, "  publishes inserts\t%t\n  tables\t%s\n", p.PublishInsert, strings.Join(p.Tables, ", "))
-	} else {
+	default:
 		fmt.Fprintf(tw, "  exists\tno\n")
 	}
 	o := st.Outbox
 	fmt.Fprintf(tw, "outbox\t%s\n", o.Table)
-	if o.Exists {
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case o.Exists:
 		fmt.Fprintf(tw, "  rows (estimate)\t%d\n  oldest row\t%s\n", o.RowEstimate, (time.Duration(o.OldestAgeSeconds) * time.Second).String())
-	} else {
+	default:
 		fmt.Fprintf(tw, "  exists\tno\n")
 	}
 	k := st.Kafka

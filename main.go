@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/redact"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -24,7 +25,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox-cdc:", err)
+		// Errors that carry configuration are scrubbed where the configuration is known; this is the
+		// last line of defence for anything shaped like a password.
+		fmt.Fprintln(os.Stderr, "outbox-cdc:", redact.NewScrubber().String(err.Error()))
 		os.Exit(1)
 	}
 }
@@ -50,23 +53,31 @@ overridden by flags.`,
 }
 
 // loadConfig builds the configuration of a command from its --config file, the environment and its
-// flags.
+// flags. Its error never holds a secret of the configuration.
 func loadConfig(cmd *cobra.Command) (config.Config, error) {
 	path, _ := cmd.Flags().GetString("config")
 	if path == "" {
 		path = os.Getenv("OUTBOX_CDC_CONFIG")
 	}
-	return config.Load(path, os.LookupEnv, cmd.Flags())
+	cfg, err := config.Load(path, os.LookupEnv, cmd.Flags())
+	if err != nil {
+		return cfg, errors.New(scrubber(cfg).String(err.Error()))
+	}
+	return cfg, nil
 }
 
-// newLogger returns the operator's logger: text on a terminal, JSON otherwise, unless format says.
-func newLogger(w io.Writer, cfg config.Log) *slog.Logger {
+// scrubber hides cfg's secrets, and anything shaped like a password, in text meant for people.
+func scrubber(cfg config.Config) *redact.Scrubber { return redact.NewScrubber(cfg.Secrets()...) }
+
+// newLogger returns the operator's logger: text on a terminal, JSON otherwise, unless the
+// configuration says; no secret of cfg reaches it, whatever the shape of the message.
+func newLogger(w io.Writer, cfg config.Config) *slog.Logger {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.Level)); err != nil {
+	if err := level.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
 		level = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: level}
-	format := cfg.Format
+	format := cfg.Log.Format
 	if format == "auto" {
 		format = "json"
 		if f, ok := w.(*os.File); ok {
@@ -75,10 +86,11 @@ func newLogger(w io.Writer, cfg config.Log) *slog.Logger {
 			}
 		}
 	}
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(redact.NewHandler(h, scrubber(cfg)))
 }
 
 // errExit is returned for failures already reported in the log.

@@ -318,3 +318,37 @@ func httpGet(t *testing.T, addr, path string) (int, string) {
 	t.Fatalf("GET %s%s: %v", addr, path, lastErr)
 	return 0, ""
 }
+
+// TestNoPasswordInOutput runs every command with hostile database URLs — a bad percent escape, '/',
+// '#' or '@' in the password, a bad port, an invalid sslmode, a password in the query — and checks that
+// nothing the process prints holds the password. run retries an unreachable server, so its output is
+// read for a few seconds.
+func TestNoPasswordInOutput(t *testing.T) {
+	urls := []struct{ url, password string }{
+		{"postgres://u:Hx7%zzQ9@127.0.0.1:1/db", "Hx7%zzQ9"},
+		{"postgres://u:Hx7/Q9pw@127.0.0.1:1/db", "Hx7/Q9pw"},
+		{"postgres://u:Hx7#Q9pw@127.0.0.1:1/db", "Hx7#Q9pw"},
+		{"postgres://u:Hx7@Q9pw@127.0.0.1:1/db", "Hx7@Q9pw"},
+		{"postgres://u:Hx7Q9pw@127.0.0.1:notaport/db", "Hx7Q9pw"},
+		{"postgres://u:Hx7Q9pw@127.0.0.1:1/db?sslmode=bogus", "Hx7Q9pw"},
+		{"postgres://u@127.0.0.1:1/db?password=Hx7Q9pw", "Hx7Q9pw"},
+		{"postgres://u:Hx7Q9pw@127.0.0.1:1/db", "Hx7Q9pw"},
+	}
+	for _, u := range urls {
+		for _, command := range []string{"run", "status", "init", "resync"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			cmd := exec.CommandContext(ctx, binary, command, "--brokers", "127.0.0.1:1", "--log-format", "json")
+			if command == "resync" {
+				cmd.Args = append(cmd.Args, "--dry-run")
+			}
+			cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+u.url, "OUTBOX_CDC_METRICS_ADDR=")
+			out, _ := cmd.CombinedOutput()
+			cancel()
+			for _, fragment := range []string{u.password, strings.SplitN(u.password, "/", 2)[0] + "/", "Q9pw"} {
+				if strings.Contains(string(out), fragment) {
+					t.Errorf("outbox-cdc %s with %s printed %q:\n%s", command, u.url, fragment, out)
+				}
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -240,8 +242,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Postgres.URL == "" {
 		bad("postgres.url", "is required (flag --postgres or OUTBOX_CDC_POSTGRES)")
-	} else if u, err := url.Parse(c.Postgres.URL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		bad("postgres.url", "must be a postgres:// URL, got %q", MaskURL(c.Postgres.URL))
+	} else if !strings.HasPrefix(c.Postgres.URL, "postgres://") && !strings.HasPrefix(c.Postgres.URL, "postgresql://") {
+		bad("postgres.url", "must be a postgres:// URL (the value is not shown: it may hold a password)")
+	} else if _, err := pgconn.ParseConfig(c.Postgres.URL); err != nil {
+		// pgconn hides the password in its own messages; callers scrub the rest with Secrets.
+		bad("postgres.url", "%v", err)
 	}
 	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
 		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
@@ -297,14 +302,16 @@ func (c *Config) Validate() error {
 	default:
 		bad("kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", c.Kafka.SASL.Mechanism)
 	}
-	for key, path := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
-		if path == "" {
+	for key, file := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
+		if file == "" {
 			continue
 		}
 		if !c.Kafka.TLS.Enabled {
 			bad(key, "is set but kafka.tls.enabled is false")
-		} else if _, err := os.Stat(path); err != nil {
-			bad(key, "cannot read %s: %v", path, err)
+		} else if data, err := os.ReadFile(file); err != nil {
+			bad(key, "cannot read %s: %v", file, err)
+		} else if key == "kafka.tls.ca_file" && !x509.NewCertPool().AppendCertsFromPEM(data) {
+			bad(key, "%s holds no PEM certificate", file)
 		}
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
@@ -359,24 +366,63 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// MaskURL returns u with any password replaced by "xxxxx", for logs and errors.
-func MaskURL(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil || !strings.Contains(u, "://") {
-		// Not a URL: it may be a key=value DSN; mask a password=... pair.
-		return regexp.MustCompile(`(?i)(password=)\S+`).ReplaceAllString(u, "${1}xxxxx")
-	}
-	if parsed.User != nil {
-		if _, has := parsed.User.Password(); has {
-			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+// Secrets returns every value of the configuration that must never be printed: the candidates for
+// the password in the PostgreSQL URL, however malformed the URL is (each way of splitting its user
+// information, escaped and unescaped, and any password=... value), and the SASL password. Loggers
+// and error output hide each wherever it appears.
+func (c *Config) Secrets() []string {
+	out := []string{c.Kafka.SASL.Password}
+	add := func(v string) {
+		out = append(out, v)
+		if u, err := url.PathUnescape(v); err == nil && u != v {
+			out = append(out, u)
+		}
+		if u, err := url.QueryUnescape(v); err == nil && u != v {
+			out = append(out, u)
 		}
 	}
-	q := parsed.Query()
-	if q.Has("password") {
-		q.Set("password", "xxxxx")
-		parsed.RawQuery = q.Encode()
+	u := c.Postgres.URL
+	if i := strings.Index(u, "://"); i >= 0 {
+		rest := u[i+3:]
+		if colon := strings.IndexByte(rest, ':'); colon >= 0 {
+			for at := strings.IndexByte(rest, '@'); at >= 0; {
+				if at > colon {
+					// A password with an unescaped '@' is split by URL parsers: its pieces may show
+					// up as a host name in connection errors.
+					add(rest[colon+1 : at])
+					for _, piece := range strings.Split(rest[colon+1:at], "@") {
+						add(piece)
+					}
+				}
+				next := strings.IndexByte(rest[at+1:], '@')
+				if next < 0 {
+					break
+				}
+				at += next + 1
+			}
+		}
 	}
-	return parsed.String()
+	for _, m := range passwordPairRE.FindAllStringSubmatch(u, -1) {
+		v := m[1]
+		add(v)
+		if unquoted := strings.Trim(v, "'"); unquoted != v {
+			add(unquoted)
+			add(strings.ReplaceAll(strings.ReplaceAll(unquoted, `\'`, `'`), `\\`, `\`))
+		}
+	}
+	return out
+}
+
+// passwordPairRE matches password=value in a URL's query or a key=value connection string.
+var passwordPairRE = regexp.MustCompile(`(?i)pass(?:word)?\s*=\s*('(?:[^'\\]|\\.)*(?:'|$)|[^\s&]*)`)
+
+// PostgresTarget describes the database for logs: user@host:port/database, never the password.
+func (c *Config) PostgresTarget() string {
+	pc, err := pgconn.ParseConfig(c.Postgres.URL)
+	if err != nil {
+		return "(unparsable postgres.url)"
+	}
+	return fmt.Sprintf("%s@%s:%d/%s", pc.User, pc.Host, pc.Port, pc.Database)
 }
 
 // KafkaSecurity returns the Kafka TLS and SASL settings in the router's terms.

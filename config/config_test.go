@@ -117,6 +117,19 @@ func TestUnknownYAMLKeyIsAnError(t *testing.T) {
 	}
 }
 
+func TestIntegerOverflowIsAnError(t *testing.T) {
+	for name, v := range map[string]string{
+		"OUTBOX_CDC_TOPIC_REPLICATION_FACTOR": "70000",      // int16
+		"OUTBOX_CDC_TOPIC_PARTITIONS":         "4294967297", // int32
+		"OUTBOX_CDC_MAX_INFLIGHT_BYTES":       "99999999999999999999",
+	} {
+		c := Default()
+		if err := c.LoadEnv(env(map[string]string{name: v})); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: got %v, want an error naming the variable", name, v, err)
+		}
+	}
+}
+
 func TestEnvErrorsNameVariableAndKey(t *testing.T) {
 	c := Default()
 	err := c.LoadEnv(env(map[string]string{"OUTBOX_CDC_CREATE_TOPICS": "maybe"}))
@@ -125,17 +138,52 @@ func TestEnvErrorsNameVariableAndKey(t *testing.T) {
 	}
 }
 
-func TestMaskURL(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"postgres://outbox:s3cret@db:5432/app", "postgres://outbox:xxxxx@db:5432/app"},
-		{"postgres://outbox@db/app", "postgres://outbox@db/app"},
-		{"postgres://db/app?password=s3cret&sslmode=require", "postgres://db/app?password=xxxxx&sslmode=require"},
-		{"host=db password=s3cret user=x", "host=db password=xxxxx user=x"},
+// TestSecretsCoverHostileURLs: whatever shape the URL has — a bad percent escape, '/', '#' or '@' in
+// the password, a bad port, an invalid sslmode, a quoted key=value password — the password is among
+// the secrets, and no validation error prints it.
+func TestSecretsCoverHostileURLs(t *testing.T) {
+	tests := []struct{ url, password string }{
+		{"postgres://outbox:s3cret@db:5432/app", "s3cret"},
+		{"postgres://outbox:s3%zzcret@db/app", "s3%zzcret"},
+		{"postgres://outbox:se/cret@db:5432/app", "se/cret"},
+		{"postgres://outbox:sec#ret@db/app", "sec#ret"},
+		{"postgres://outbox:p@ss@db/app", "p@ss"},
+		{"postgres://outbox:s3cret@db:notaport/app", "s3cret"},
+		{"postgres://outbox:s3cret@db/app?sslmode=bogus", "s3cret"},
+		{"postgres://outbox:s%40cret@db/app", "s@cret"},
+		{"postgres://db/app?password=inquery&sslmode=bogus", "inquery"},
 	}
 	for _, tt := range tests {
-		got := MaskURL(tt.in)
-		if got != tt.want || strings.Contains(got, "s3cret") {
-			t.Errorf("MaskURL(%q) = %q, want %q", tt.in, got, tt.want)
+		c := Default()
+		c.Postgres.URL = tt.url
+		c.Kafka.Brokers = []string{"k:9092"}
+		secrets := c.Secrets()
+		found := false
+		for _, s := range secrets {
+			found = found || s == tt.password
+		}
+		if !found {
+			t.Errorf("%s: secrets %q lack the password %q", tt.url, secrets, tt.password)
+		}
+		if err := c.Validate(); err != nil && strings.Contains(err.Error(), tt.password) {
+			t.Errorf("%s: validation error prints the password: %v", tt.url, err)
+		}
+	}
+}
+
+func TestInvalidSSLModeAndCAFileAreConfigErrors(t *testing.T) {
+	c := Default()
+	c.Postgres.URL = "postgres://u:p@h/db?sslmode=bogus"
+	c.Kafka.Brokers = []string{"k:9092"}
+	c.Kafka.TLS.Enabled = true
+	c.Kafka.TLS.CAFile = filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(c.Kafka.TLS.CAFile, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Validate()
+	for _, want := range []string{"postgres.url", "sslmode", "kafka.tls.ca_file", "holds no PEM certificate"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validation error %v does not mention %q", err, want)
 		}
 	}
 }

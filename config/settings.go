@@ -37,8 +37,9 @@ func boolean(p func(c *Config) *bool) func(*Config, string) error {
 func integer[T int | int16 | int32 | int64](p func(c *Config) *T) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return fmt.Errorf("want an integer, got %q", v)
+		if err != nil || int64(T(n)) != n {
+			var zero T
+			return fmt.Errorf("want an integer that fits %T, got %q", zero, v)
 		}
 		*p(c) = T(n)
 		return nil

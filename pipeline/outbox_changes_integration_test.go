@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -301,5 +302,93 @@ func TestHalfOpenConnectionIsReplaced(t *testing.T) {
 		left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), cfg.Postgres.ReceiveTimeout, len(want), dups)
 	if back > 20*time.Second {
 		t.Errorf("took %s to stream again: the router waited for the server to drop its dead session", back)
+	}
+}
+
+// TestSetupErrorsStopWithTheFix: each set-up problem that retrying cannot fix makes run return at
+// once with an error that names the problem and the fix, instead of retrying forever.
+func TestSetupErrorsStopWithTheFix(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config)
+		want    string
+	}{
+		{"role without REPLICATION", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			role := "norepl_" + strings.TrimPrefix(f.Slot, "slot_")
+			adminExec(t, admin, "CREATE ROLE "+role+" LOGIN PASSWORD 'norepl'")
+			t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+			cfg.Postgres.URL = strings.Replace(f.PostgresURL, "outbox:outbox@", role+":norepl@", 1)
+		}, "REPLICATION"},
+		{"unlogged outbox", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "DROP PUBLICATION "+f.Publication)
+			adminExec(t, admin, "ALTER TABLE "+f.Table+" SET UNLOGGED")
+		}, "SET LOGGED"},
+		{"a view", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "CREATE VIEW "+f.Table+"_v AS SELECT * FROM "+f.Table)
+			t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP VIEW IF EXISTS "+f.Table+"_v") })
+			cfg.Postgres.Table = f.Table + "_v"
+		}, "is a view"},
+		{"slot of another plugin", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "SELECT pg_create_logical_replication_slot('"+f.Slot+"', 'test_decoding')")
+		}, `uses plugin "test_decoding"`},
+		{"slot of another database", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			other, err := pgx.Connect(context.Background(), strings.Replace(f.AdminURL, "/outbox", "/postgres", 1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close(context.Background())
+			adminExec(t, other, "SELECT pg_create_logical_replication_slot('"+f.Slot+"', 'pgoutput')")
+			t.Cleanup(func() {
+				c, err := pgx.Connect(context.Background(), strings.Replace(f.AdminURL, "/outbox", "/postgres", 1))
+				if err == nil {
+					_, _ = c.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", f.Slot)
+					_ = c.Close(context.Background())
+				}
+			})
+		}, `belongs to database "postgres"`},
+		{"template column missing", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			cfg.Routing.Topic = f.TopicPrefix + ".{tenant}"
+		}, `no column "tenant" (routing.topic)`},
+		{"wal_level replica", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			url := testenv.TempCluster(t, "wal_level = replica")
+			db, err := pgx.Connect(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close(context.Background())
+			adminExec(t, db, "CREATE TABLE outbox (event_id uuid PRIMARY KEY, event_type text, aggregate_id text, payload jsonb)")
+			cfg.Postgres.URL = url
+			cfg.Postgres.Table = "public.outbox"
+		}, "ALTER SYSTEM SET wal_level = logical"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := testenv.NewFixture(t)
+			admin, err := pgx.Connect(context.Background(), f.AdminURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer admin.Close(context.Background())
+			cfg := testConfig(f)
+			tt.prepare(t, f, admin, &cfg)
+			p, err := New(cfg, testLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			err = p.Run(ctx)
+			if err == nil || !permanent(err) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("run returned %v after %s, want a permanent error containing %q", err, time.Since(start).Round(time.Millisecond), tt.want)
+			}
+		})
+	}
+}
+
+func adminExec(t *testing.T, db *pgx.Conn, sql string) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
 }

@@ -1,0 +1,57 @@
+package redact
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestScrubberHidesPasswordsWhateverTheShape(t *testing.T) {
+	s := NewScrubber("s3cr3t/#%zz", "topsecret")
+	for _, in := range []string{
+		"connect to postgres://u:s3cr3t/#%zz@h:5432/db failed",
+		"parse \"postgres://u:p@ss:w0rd@h/db\": invalid",
+		"host=h user=u password='two words' dbname=x",
+		"host=h user=u password='unterminated and more",
+		"host=h password=plain sslmode=bogus",
+		"?sslmode=require&password=inquery&x=1",
+		"sasl failed for topsecret",
+		"postgresql://u:%zz%zz@[::1]:5432/db",
+	} {
+		out := s.String(in)
+		for _, secret := range []string{"s3cr3t", "p@ss:w0rd", "two words", "unterminated", "plain", "inquery", "topsecret", "%zz%zz"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%q -> %q still holds %q", in, out, secret)
+			}
+		}
+	}
+}
+
+func TestHandlerScrubsMessagesAndAttributes(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(NewHandler(slog.NewJSONHandler(&buf, nil), NewScrubber("hunter22")))
+	log = log.With("url", "postgres://u:hunter22@h/db")
+	log.WithGroup("g").Error("failed with hunter22",
+		"error", errors.New("auth hunter22 rejected"),
+		"list", []string{"a", "hunter22"},
+		slog.Group("nested", "dsn", "password=hunter22"),
+		"count", 3)
+	out := buf.String()
+	if strings.Contains(out, "hunter22") {
+		t.Fatalf("secret in log output: %s", out)
+	}
+	if !strings.Contains(out, `"count":3`) {
+		t.Fatalf("a value with nothing to hide lost its form: %s", out)
+	}
+}
+
+func TestSecretInsideALongerWordIsNotReplaced(t *testing.T) {
+	s := NewScrubber("outbox")
+	got := s.String(`outbox-cdc stopped; user=outbox password outbox, "outbox"`)
+	want := `outbox-cdc stopped; user=xxxxx password xxxxx, "xxxxx"`
+	if got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
