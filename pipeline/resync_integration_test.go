@@ -12,16 +12,23 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-// TestResyncNoGapNoOverlap: 20,000 rows exist and writers keep inserting while resync starts; every
-// event arrives exactly once — from the snapshot if committed before the slot, from the WAL if after —
-// and per-aggregate order holds across the boundary.
+// TestResyncNoGapNoOverlap: 20,000 rows exist and several writers keep inserting while resync starts,
+// some of them holding their transactions open so that they straddle the slot's consistent point;
+// every event arrives exactly once — from the snapshot if committed before the slot, from the WAL if
+// after — and per-aggregate order holds across the boundary.
 func TestResyncNoGapNoOverlap(t *testing.T) {
 	f := testenv.NewFixture(t)
 	gen := testenv.NewGenerator(50, "OrderCreated", "OrderPaid")
 	preloaded := testenv.Preload(t, f, gen, 20000)
-	writer := testenv.StartWriter(t, f, gen, 2, 2*time.Millisecond, false)
+	// Concurrent writers commit in an order of their own: each has its own aggregates.
+	writers := []*testenv.Writer{
+		testenv.StartWriter(t, f, testenv.NewGenerator(10, "OrderCreated", "OrderPaid").WithPrefix("fast-a-"), 2, 2*time.Millisecond, false),
+		testenv.StartWriter(t, f, testenv.NewGenerator(10, "OrderCreated", "OrderPaid").WithPrefix("fast-b-"), 3, 3*time.Millisecond, false),
+		testenv.StartSlowWriter(t, f, testenv.NewGenerator(10, "OrderCreated", "OrderPaid").WithPrefix("slow-a-"), 3, 5*time.Millisecond, 150*time.Millisecond),
+		testenv.StartSlowWriter(t, f, testenv.NewGenerator(10, "OrderCreated", "OrderPaid").WithPrefix("slow-b-"), 2, 0, 70*time.Millisecond),
+	}
 	// Let the writers get going, so that transactions straddle the slot's creation.
-	testenv.WaitFor(t, time.Minute, "writers running", func() bool { return writer.Written() > 100 })
+	testenv.WaitFor(t, time.Minute, "writers running", func() bool { return writers[2].Written() > 10 && writers[0].Written() > 100 })
 	p, err := New(testConfig(f), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -37,11 +44,14 @@ func TestResyncNoGapNoOverlap(t *testing.T) {
 	}()
 	testenv.WaitFor(t, 2*time.Minute, "resync streaming after the snapshot", func() bool { return p.State() == StateStreaming })
 	time.Sleep(2 * time.Second)
-	written, err := writer.Stop()
-	if err != nil {
-		t.Fatalf("writer: %v", err)
+	want := preloaded
+	for _, w := range writers {
+		written, err := w.Stop()
+		if err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+		want = append(want, written...)
 	}
-	want := append(preloaded, written...)
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "OrderCreated", "OrderPaid"), len(want), 3*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, want, got)
 	cancel()
@@ -149,5 +159,112 @@ func TestResyncRefusals(t *testing.T) {
 	}
 	if !strings.Contains(asked, f.Slot) {
 		t.Fatalf("confirmation question %q does not name the slot", asked)
+	}
+}
+
+// TestResyncKeepsPerAggregateOrder: snapshot rows reach each key in version order, even when
+// created_at (the inserting transaction's start) and the physical order say otherwise.
+func TestResyncKeepsPerAggregateOrder(t *testing.T) {
+	f := testenv.NewFixture(t)
+	gen := testenv.NewGenerator(2, "Ordered")
+	var evs []testenv.Event
+	for i := 0; i < 12; i++ {
+		evs = append(evs, gen.Event(i))
+	}
+	// Insert the newest versions first, with the earliest created_at.
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := len(evs) - 1; i >= 0; i-- {
+		insertAt(t, f, base.Add(time.Duration(len(evs)-i)*time.Minute), []testenv.Event{evs[i]})
+	}
+	p, err := New(testConfig(f), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Resync(context.Background(), ResyncOptions{Yes: true, SnapshotOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Ordered"), len(evs), time.Minute)
+	testenv.VerifyDelivery(t, f, evs, got)
+}
+
+// TestResyncLeavesNoMarkerWhenTheOldSlotCannotBeDropped: when dropping the existing slot fails (a
+// router grabbed it after resync looked), resync stops and leaves no marker behind: the old slot is
+// intact and run may use it.
+func TestResyncLeavesNoMarkerWhenTheOldSlotCannotBeDropped(t *testing.T) {
+	f := testenv.NewFixture(t)
+	run := startPipeline(t, testConfig(f))
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(testConfig(f), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder *running
+	_, err = p.Resync(context.Background(), ResyncOptions{Confirm: func(string) bool {
+		holder = startPipeline(t, testConfig(f)) // takes the slot between resync's look and its drop
+		return true
+	}})
+	if !errors.Is(err, replication.ErrSlotInUse) {
+		t.Fatalf("resync returned %v, want the slot in use", err)
+	}
+	var marker bool
+	if err := f.DB.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", replication.ResyncMarker(f.Slot)).Scan(&marker); err != nil {
+		t.Fatal(err)
+	}
+	if marker {
+		t.Fatal("resync left its marker behind though the old slot was never dropped")
+	}
+	if err := holder.stop(); err != nil {
+		t.Fatalf("the router on the intact slot: %v", err)
+	}
+}
+
+// TestRouterWaitsWhileResyncRuns: a router started while a resync publishes its snapshot waits as a
+// standby (the marker exists, but a resync is alive) instead of exiting, and streams once it is done.
+func TestRouterWaitsWhileResyncRuns(t *testing.T) {
+	f := testenv.NewFixture(t)
+	gen := testenv.NewGenerator(20, "Waited")
+	preloaded := testenv.Preload(t, f, gen, 20000)
+	cfg := testConfig(f)
+	cfg.Limits.MaxInFlightRecords = 50 // a slow snapshot
+	resyncer, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resynced := make(chan error, 1)
+	go func() {
+		_, err := resyncer.Resync(context.Background(), ResyncOptions{Yes: true, SnapshotOnly: true})
+		resynced <- err
+	}()
+	testenv.WaitFor(t, time.Minute, "the resync marker", func() bool {
+		var marker bool
+		_ = f.DB.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", replication.ResyncMarker(f.Slot)).Scan(&marker)
+		return marker
+	})
+	router, err := New(testConfig(f), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := runInBackground(t, router)
+	sawStandby := false
+	for {
+		select {
+		case err := <-resynced:
+			if err != nil {
+				t.Fatalf("resync: %v", err)
+			}
+			if !sawStandby {
+				t.Fatal("the snapshot was published before the router was seen waiting: make it slower")
+			}
+			testenv.WaitFor(t, time.Minute, "the router to stream after the resync", func() bool { return router.State() == StateStreaming })
+			got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Waited"), len(preloaded), 2*time.Minute)
+			testenv.VerifyDelivery(t, f, preloaded, got)
+			return
+		case err := <-done:
+			t.Fatalf("the router stopped while a resync ran: %v", err)
+		case <-time.After(50 * time.Millisecond):
+			sawStandby = sawStandby || router.State() == StateStandby
+		}
 	}
 }

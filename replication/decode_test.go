@@ -290,3 +290,27 @@ func TestSplitTable(t *testing.T) {
 		}
 	}
 }
+
+// TestTimestampsBecomeRFC3339: created_at of type timestamptz is sent in UTC; of type timestamp
+// (without time zone) its wall time is taken as UTC; infinity is passed as it is.
+func TestTimestampsBecomeRFC3339(t *testing.T) {
+	d := NewRowDecoder()
+	tests := []struct {
+		oid        uint32
+		text, want string
+	}{
+		{pgtype.TimestamptzOID, "2026-12-02 09:30:00.5+01", "2026-12-02T08:30:00.5Z"},
+		{pgtype.TimestampOID, "2026-12-02 09:30:00.123456", "2026-12-02T09:30:00.123456Z"},
+		{pgtype.TimestampOID, "2026-12-02 09:30:00", "2026-12-02T09:30:00Z"},
+		{pgtype.TimestampOID, "infinity", "infinity"},
+	}
+	for _, tt := range tests {
+		row, err := d.Decode([]string{"created_at"}, []uint32{tt.oid}, [][]byte{[]byte(tt.text)})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.text, err)
+		}
+		if v, _ := row.Value("created_at"); string(v) != tt.want {
+			t.Errorf("%s (oid %d) -> %q, want %q", tt.text, tt.oid, v, tt.want)
+		}
+	}
+}

@@ -95,7 +95,8 @@ func decodeTuple(types *pgtype.Map, rel *relation, tuple *pglogrepl.TupleData, l
 }
 
 // decodeText turns a column's text form into the bytes outbox-cdc forwards: bytea as its raw bytes,
-// timestamptz as RFC 3339 in UTC (whatever the server's DateStyle), everything else as sent.
+// timestamptz as RFC 3339 in UTC (whatever the server's DateStyle), timestamp (without time zone) as
+// RFC 3339 taking its wall time as UTC, everything else as sent.
 func decodeText(types *pgtype.Map, name string, oid uint32, text []byte) ([]byte, error) {
 	switch oid {
 	case pgtype.ByteaOID:
@@ -110,6 +111,15 @@ func decodeText(types *pgtype.Map, name string, oid uint32, text []byte) ([]byte
 			return nil, fmt.Errorf("decode timestamptz column %s: %w", name, err)
 		}
 		return []byte(ts.UTC().Format(time.RFC3339Nano)), nil
+	case pgtype.TimestampOID:
+		var ts pgtype.Timestamp
+		if err := types.Scan(pgtype.TimestampOID, pgtype.TextFormatCode, text, &ts); err != nil {
+			return nil, fmt.Errorf("decode timestamp column %s: %w", name, err)
+		}
+		if ts.InfinityModifier != pgtype.Finite {
+			return text, nil // infinity and -infinity have no RFC 3339 form
+		}
+		return []byte(time.Date(ts.Time.Year(), ts.Time.Month(), ts.Time.Day(), ts.Time.Hour(), ts.Time.Minute(), ts.Time.Second(), ts.Time.Nanosecond(), time.UTC).Format(time.RFC3339Nano)), nil
 	default:
 		return text, nil
 	}

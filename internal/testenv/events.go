@@ -28,23 +28,32 @@ type Event struct {
 	Headers string // JSON object or ""
 }
 
-// Generator hands out events with per-aggregate increasing versions.
+// Generator hands out events with per-aggregate increasing versions. It is not safe for concurrent
+// use: concurrent writers each take their own, with their own aggregates (WithPrefix), since their
+// commit order is not their version order.
 type Generator struct {
 	types    []string
 	aggs     int
+	prefix   string
 	versions map[string]int64
 	next     int
 }
 
-// NewGenerator returns a generator over aggs aggregates and the given event types.
+// NewGenerator returns a generator over aggs aggregates (agg-0, agg-1, ...) and the given event types.
 func NewGenerator(aggs int, types ...string) *Generator {
-	return &Generator{types: types, aggs: aggs, versions: map[string]int64{}}
+	return &Generator{types: types, aggs: aggs, prefix: "agg-", versions: map[string]int64{}}
+}
+
+// WithPrefix names the generator's aggregates prefix0, prefix1, ... instead.
+func (g *Generator) WithPrefix(prefix string) *Generator {
+	g.prefix = prefix
+	return g
 }
 
 // Event returns the next event, for aggregate pick modulo the aggregate count.
 func (g *Generator) Event(pick int) Event {
 	g.next++
-	agg := fmt.Sprintf("agg-%d", pick%g.aggs)
+	agg := fmt.Sprintf("%s%d", g.prefix, pick%g.aggs)
 	g.versions[agg]++
 	return Event{
 		ID:      NewUUID(),
@@ -88,6 +97,25 @@ func InsertTx(ctx context.Context, db *pgx.Conn, table string, evs []Event, dele
 	if deleteAfter {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE event_id = ANY($1::uuid[])`, ids); err != nil {
 			return fmt.Errorf("delete: %w", err)
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// insertHeld writes evs in one transaction, the first row at once and the rest after hold.
+func insertHeld(ctx context.Context, db *pgx.Conn, table string, evs []Event, hold time.Duration) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for i, e := range evs {
+		if i == 1 {
+			time.Sleep(hold)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload, e.Headers); err != nil {
+			return fmt.Errorf("insert: %w", err)
 		}
 	}
 	return tx.Commit(ctx)
@@ -258,6 +286,18 @@ type Writer struct {
 // transaction when deleteAfter) until Stop.
 func StartWriter(t testing.TB, f *Fixture, gen *Generator, perTx int, pause time.Duration, deleteAfter bool) *Writer {
 	t.Helper()
+	return startWriter(t, f, gen, perTx, pause, 0, deleteAfter)
+}
+
+// StartSlowWriter is StartWriter whose transactions stay open for hold between their first and
+// their last insert, so that they straddle whatever happens meanwhile (a slot's creation).
+func StartSlowWriter(t testing.TB, f *Fixture, gen *Generator, perTx int, pause, hold time.Duration) *Writer {
+	t.Helper()
+	return startWriter(t, f, gen, perTx, pause, hold, false)
+}
+
+func startWriter(t testing.TB, f *Fixture, gen *Generator, perTx int, pause, hold time.Duration, deleteAfter bool) *Writer {
+	t.Helper()
 	w := &Writer{stop: make(chan struct{}), done: make(chan error, 1)}
 	ctx := context.Background()
 	db, err := pgx.Connect(ctx, f.PostgresURL)
@@ -278,7 +318,12 @@ func StartWriter(t testing.TB, f *Fixture, gen *Generator, perTx int, pause time
 			for j := range evs {
 				evs[j] = gen.Event(i + 7*j)
 			}
-			err := InsertTx(ctx, db, f.Table, evs, deleteAfter)
+			var err error
+			if hold > 0 {
+				err = insertHeld(ctx, db, f.Table, evs, hold)
+			} else {
+				err = InsertTx(ctx, db, f.Table, evs, deleteAfter)
+			}
 			if err == nil {
 				w.events = append(w.events, evs...)
 			}
