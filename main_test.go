@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
@@ -141,10 +143,11 @@ func (r *routerProc) exitCode(t *testing.T, timeout time.Duration) int {
 }
 
 // copyEvents writes events with COPY in one transaction: many rows share WAL records (multi-insert).
-func copyEvents(ctx context.Context, db *pgx.Conn, table string, evs []testenv.Event) error {
+// It returns a WAL position read inside the transaction, after the COPY: the commit ends past it.
+func copyEvents(ctx context.Context, db *pgx.Conn, table string, evs []testenv.Event) (beforeCommit string, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	rows := make([][]any, len(evs))
@@ -156,19 +159,41 @@ func copyEvents(ctx context.Context, db *pgx.Conn, table string, evs []testenv.E
 		[]string{"event_id", "event_type", "aggregate_type", "aggregate_id", "aggregate_version", "payload", "headers"},
 		pgx.CopyFromRows(rows))
 	if err != nil {
-		return fmt.Errorf("copy: %w", err)
+		return "", fmt.Errorf("copy: %w", err)
 	}
-	return tx.Commit(ctx)
+	if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&beforeCommit); err != nil {
+		return "", err
+	}
+	return beforeCommit, tx.Commit(ctx)
 }
 
-// TestKillDuringCopyLosesNothing copies 5,000 rows into the outbox, kills the router with SIGKILL at
-// a random moment while it delivers them, restarts it, and checks that nothing is lost and per-aggregate
-// order holds. Duplicates are expected (at-least-once) and counted.
+// endOffsets returns the sum of the end offsets of topics (0 for a topic not created yet).
+func endOffsets(t *testing.T, adm *kadm.Client, topics []string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	offsets, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	offsets.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += o.Offset
+		}
+	})
+	return n
+}
+
+// TestKillDuringCopyLosesNothing copies 5,000 rows into the outbox, kills the router with SIGKILL
+// while it delivers them — after a random number of them reached Kafka, before the slot confirmed
+// the transaction — restarts it, and checks that nothing is lost and per-aggregate order holds.
+// Duplicates are expected (at-least-once) and counted.
 func TestKillDuringCopyLosesNothing(t *testing.T) {
 	f := testenv.NewFixture(t)
-	// A small in-flight cap stretches the delivery over about a second, so that a random kill lands
-	// before, during or after it.
-	env := append(routerEnv(f), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=50")
+	// A small in-flight cap and a long linger stretch the delivery over about five seconds: batches of
+	// 50 records, one every 50 ms.
+	env := append(routerEnv(f), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=50", "OUTBOX_CDC_LINGER=50ms")
 	first := startRouter(t, env)
 	first.waitLog(t, "streaming", 60*time.Second)
 
@@ -178,23 +203,39 @@ func TestKillDuringCopyLosesNothing(t *testing.T) {
 		evs[i] = gen.Event(rand.IntN(50))
 	}
 	topics := testenv.TopicsOf(f, "OrderCreated", "OrderPaid")
-	if err := copyEvents(context.Background(), f.DB, f.Table, evs); err != nil {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.Brokers...))
+	if err != nil {
 		t.Fatal(err)
 	}
-	delay := time.Duration(rand.IntN(1500)) * time.Millisecond
-	time.Sleep(delay)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	// Created in advance, so that the client's metadata knows them while the COPY is delivered.
+	if _, err := adm.CreateTopics(context.Background(), 3, -1, nil, topics...); err != nil {
+		t.Fatal(err)
+	}
+	beforeCommit, err := copyEvents(context.Background(), f.DB, f.Table, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	threshold := int64(100 + rand.IntN(2400))
+	testenv.WaitFor(t, time.Minute, "part of the COPY in Kafka", func() bool { return endOffsets(t, adm, topics) >= threshold })
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-first.done
+	inKafka := endOffsets(t, adm, topics)
 	confirmedAtKill := f.ConfirmedFlushLSN(t)
+	if inKafka >= int64(len(evs)) || testenv.MustLSN(t, confirmedAtKill) > testenv.MustLSN(t, beforeCommit) {
+		t.Fatalf("the kill landed after the delivery (%d of %d records in Kafka, slot confirmed %s, COPY committed after %s): the test proves nothing",
+			inKafka, len(evs), confirmedAtKill, beforeCommit)
+	}
 
 	second := startRouter(t, env)
 	second.waitLog(t, "streaming", 60*time.Second)
 	got := testenv.ConsumeDistinct(t, f.Brokers, topics, len(evs), 2*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, evs, got)
-	t.Logf("killed %s after the COPY committed (slot confirmed %s at the kill): %d events, %d duplicates",
-		delay, confirmedAtKill, len(evs), dups)
+	t.Logf("killed with %d of %d records in Kafka (slot confirmed %s at the kill, before the COPY's commit): %d duplicates after the restart",
+		inKafka, len(evs), confirmedAtKill, dups)
 }
 
 // TestTwoRoutersOnOneSlot starts two routers on one slot: the second waits as a hot standby, takes
@@ -246,10 +287,14 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 	}
 }
 
-// TestSIGTERMStopsGracefully: SIGTERM makes the router confirm what Kafka acknowledged and exit 0.
+// TestSIGTERMStopsGracefully: SIGTERM while records are handed to Kafka and not yet acknowledged (a
+// long linger holds them) makes the router flush them, confirm them in its final status update, and
+// exit 0; a restart sends nothing again.
 func TestSIGTERMStopsGracefully(t *testing.T) {
 	f := testenv.NewFixture(t)
-	r := startRouter(t, routerEnv(f))
+	addr := freeAddr(t)
+	env := append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+addr, "OUTBOX_CDC_LINGER=5s")
+	r := startRouter(t, env)
 	r.waitLog(t, "streaming", 60*time.Second)
 	gen := testenv.NewGenerator(3, "Refunded")
 	evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(2)}
@@ -260,7 +305,13 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&afterCommit); err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Refunded"), len(evs), time.Minute)
+	testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool {
+		_, body := httpGet(t, addr, "/metrics")
+		return strings.Contains(body, "outbox_cdc_inflight_records 3")
+	})
+	if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c >= testenv.MustLSN(t, afterCommit) {
+		t.Fatalf("confirmed %s before the records were acknowledged", c)
+	}
 	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -270,6 +321,13 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 	r.waitLog(t, "stopped", time.Second)
 	if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c < testenv.MustLSN(t, afterCommit) {
 		t.Fatalf("confirmed_flush_lsn %s behind the last commit (WAL at %s after it)", c, afterCommit)
+	}
+	testenv.VerifyDelivery(t, f, evs, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Refunded"), len(evs), time.Minute))
+	again := startRouter(t, routerEnv(f))
+	again.waitLog(t, "streaming", 60*time.Second)
+	time.Sleep(2 * time.Second)
+	if got := testenv.Consume(t, f.Brokers, testenv.TopicsOf(f, "Refunded"), len(evs)+1, 3*time.Second); len(got) != len(evs) {
+		t.Fatalf("a restart after the graceful stop sent %d records again", len(got)-len(evs))
 	}
 }
 

@@ -78,11 +78,14 @@ func TestInsertAndDeleteInOneTransaction(t *testing.T) {
 	testenv.VerifyDelivery(t, f, all, got)
 }
 
-// TestGracefulStopConfirmsAcknowledged: after a graceful stop the slot's confirmed_flush_lsn covers the
-// last transaction, so a restart delivers nothing again.
+// TestGracefulStopConfirmsAcknowledged: a graceful stop while records are handed to Kafka and not
+// yet acknowledged (a long linger holds them) flushes them and confirms them in the final status
+// update, so a restart delivers nothing again.
 func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 	f := testenv.NewFixture(t)
-	run := startPipeline(t, testConfig(f))
+	cfg := testConfig(f)
+	cfg.Kafka.Linger = 5 * time.Second
+	run := startPipeline(t, cfg)
 	gen := testenv.NewGenerator(2, "Ping")
 	evs := []testenv.Event{gen.Event(0), gen.Event(1)}
 	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
@@ -92,10 +95,11 @@ func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&afterCommit); err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Ping"), len(evs), time.Minute)
+	testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool { return run.p.Router.InFlightRecords.Load() == int64(len(evs)) })
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
+	testenv.VerifyDelivery(t, f, evs, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Ping"), len(evs), time.Minute))
 	confirmed := testenv.MustLSN(t, f.ConfirmedFlushLSN(t))
 	if confirmed < testenv.MustLSN(t, afterCommit) {
 		t.Fatalf("confirmed_flush_lsn %s is behind the last commit (wal was at %s after it)", confirmed, afterCommit)

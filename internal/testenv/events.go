@@ -130,14 +130,28 @@ func TopicsOf(f *Fixture, types ...string) []string {
 	return out
 }
 
-// VerifyDelivery checks that every event arrived on its topic with the right key, value and headers,
-// and that per topic and key the first occurrences are in version order. It returns the number of
-// duplicate deliveries.
+// VerifyDelivery checks that every event of want (in commit order) arrived on its topic with the
+// right key, value and headers, and that order held:
+//   - per topic and key, in offset order, new events arrive in commit order, and a duplicate is only
+//     ever part of a replay that re-sends that key's events in order from some point on (a "stale"
+//     duplicate — an old version after newer ones, not followed by the versions between — fails);
+//   - per aggregate across topics, the last copies of its events were produced in commit order
+//     (record timestamps), which is what a replay from the slot guarantees even after crashes.
+//
+// It returns the number of duplicate deliveries.
 func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (duplicates int) {
 	t.Helper()
 	byID := make(map[string]Event, len(want))
 	for _, e := range want {
 		byID[e.ID] = e
+	}
+	// The expected sequence per topic and key, and each event's place in it.
+	place := make(map[string]int, len(want))
+	length := map[string]int{}
+	for _, e := range want {
+		k := f.TopicPrefix + "." + e.Type + "|" + e.AggID
+		place[e.ID] = length[k]
+		length[k]++
 	}
 	seen := make(map[string]bool, len(want))
 	// Records of one partition arrive in offset order from the consumer; sort to be sure.
@@ -150,13 +164,40 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 		}
 		return got[i].Offset < got[j].Offset
 	})
-	lastVersion := map[string]int64{} // topic|key -> version
+	type keyState struct{ next, replay int } // next new place; replay position while replaying
+	states := map[string]*keyState{}
+	last := make(map[string]*kgo.Record, len(want)) // event id -> its last copy
 	for _, r := range got {
 		id := Header(r, "event_id")
 		e, ok := byID[id]
 		if !ok {
 			t.Errorf("unexpected record on %s with event_id %q", r.Topic, id)
 			continue
+		}
+		k := r.Topic + "|" + string(r.Key)
+		st := states[k]
+		if st == nil {
+			st = &keyState{}
+			states[k] = st
+		}
+		if prev := last[id]; prev == nil || r.Timestamp.After(prev.Timestamp) || r.Timestamp.Equal(prev.Timestamp) {
+			last[id] = r
+		}
+		i := place[id]
+		switch {
+		case i == st.next && st.replay >= st.next:
+			st.next++
+			st.replay = st.next
+		case st.replay < st.next && i > st.replay:
+			t.Errorf("stale duplicate on %s key %s: an old version was re-sent after newer ones, and version %d followed it without the versions between", r.Topic, r.Key, e.Version)
+			st.next = max(st.next, i+1)
+			st.replay = st.next
+		case i > st.next:
+			t.Errorf("per-aggregate order broken on %s key %s: version %d arrived before earlier versions", r.Topic, r.Key, e.Version)
+			st.next = i + 1
+			st.replay = st.next
+		default: // a replay starting at i (or going on)
+			st.replay = i + 1
 		}
 		if seen[id] {
 			duplicates++
@@ -191,11 +232,19 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 				t.Errorf("event %s header traceparent %q, want %q", id, Header(r, "traceparent"), tp)
 			}
 		}
-		k := r.Topic + "|" + string(r.Key)
-		if e.Version <= lastVersion[k] {
-			t.Errorf("per-aggregate order broken on %s key %s: version %d after %d", r.Topic, r.Key, e.Version, lastVersion[k])
+	}
+	// Across topics: per aggregate, the last copies in commit order have non-decreasing timestamps.
+	lastAt := map[string]*kgo.Record{}
+	for _, e := range want {
+		r := last[e.ID]
+		if r == nil {
+			continue
 		}
-		lastVersion[k] = e.Version
+		if prev := lastAt[e.AggID]; prev != nil && r.Timestamp.Before(prev.Timestamp) {
+			t.Errorf("per-aggregate order across topics broken for %s: version %d (%s, produced %s) was last produced before an earlier version (%s, produced %s)",
+				e.AggID, e.Version, r.Topic, r.Timestamp.Format(time.RFC3339Nano), prev.Topic, prev.Timestamp.Format(time.RFC3339Nano))
+		}
+		lastAt[e.AggID] = r
 	}
 	missing := 0
 	for _, e := range want {
