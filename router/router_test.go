@@ -1,14 +1,19 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -463,4 +468,122 @@ func TestSlowTopicCreationIsNotRestarted(t *testing.T) {
 	if n := creates.Load(); n != 1 {
 		t.Fatalf("%d CreateTopics requests over %d attempts, want 1", n, attempts)
 	}
+}
+
+// TestMissingDeadLetterTopicFailsAtStart: with topic creation off, a dead-letter topic that does not
+// exist is a configuration error at start, not a surprise on the first bad row.
+func TestMissingDeadLetterTopicFailsAtStart(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "no-such-dlq",
+		MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := r.Ping(ctx); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "routing.dlq_topic") {
+		t.Fatalf("ping: %v, want a configuration error naming routing.dlq_topic", err)
+	}
+}
+
+// TestInFlightCountsRealSizes: a row far over kafka.max_message_bytes counts its real size against
+// the byte cap while its dead-letter record is in flight, not the cap's.
+func TestInFlightCountsRealSizes(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		time.Sleep(300 * time.Millisecond) // hold the acknowledgement so the in-flight figure can be read
+		return nil, nil, false
+	})
+	r, counters := newTestRouter(t, c, "dlq")
+	big := row("orders", "big")
+	big["payload"] = strings.Repeat("p", 500000)
+	acked := make(chan struct{})
+	if err := send(t, r, big, func() { close(acked) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := counters.InFlightBytes.Load(); n < 500000 {
+		t.Fatalf("in-flight bytes %d for a 500,000-byte row", n)
+	}
+	select {
+	case <-acked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not acknowledged")
+	}
+}
+
+// TestPartitionGrowthIsWarnedOnce: when a topic gains partitions while the router uses it, keys move;
+// the router says so once.
+func TestPartitionGrowthIsWarnedOnce(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols,
+		MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20,
+		Logger:    slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)),
+		ExtraOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.MetadataMaxAge(100 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	sendAll := func(n int) {
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			rw := row("orders", fmt.Sprintf("e%d", i))
+			rw["aggregate_id"] = fmt.Sprintf("key-%d", i)
+			wg.Add(1)
+			if err := send(t, r, rw, wg.Done); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+	}
+	sendAll(5)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreatePartitions(context.Background(), 3, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the producer's metadata refreshes
+	sendAll(40)
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logs.String(), "topic gained partitions"); n != 1 {
+		t.Fatalf("warned %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
