@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/outbox-cdc
 DEV := .dev
 
-.PHONY: build up down status run test test-unit vet bench bench-compare clean
+.PHONY: build up down status run test test-unit vet bench bench-compare chaos chaos-long clean
 
 build: ## build bin/outbox-cdc
 	$(GO) build -o $(BIN) .
@@ -47,6 +47,12 @@ bench: build up ## drain a backlog, steady load, ceilings: print the table
 bench-compare: build up ## the same workloads through outbox-cdc and Debezium 3.6.1 on Kafka Connect, side by side
 	scripts/services.sh debezium-libs
 	$(GO) run ./bench -compare
+
+chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections): one line, fails on loss or disorder
+	$(GO) run ./scripts/chaos
+
+chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults
+	$(GO) run ./scripts/chaos -long
 
 clean:
 	rm -rf bin

@@ -277,7 +277,7 @@ func TestHalfOpenConnectionIsReplaced(t *testing.T) {
 	cfg := testConfig(f)
 	pgHost := strings.Split(strings.SplitN(f.PostgresURL, "@", 2)[1], "/")[0]
 	proxy := testenv.NewProxy(t, pgHost)
-	cfg.Postgres.URL = proxy.URL(t, f.PostgresURL)
+	cfg.Postgres.URL = testenv.ProxyURL(t, proxy, f.PostgresURL)
 	cfg.Postgres.StatusInterval = time.Second
 	cfg.Postgres.ReceiveTimeout = 4 * time.Second
 	run := startPipeline(t, cfg)

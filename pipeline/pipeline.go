@@ -217,7 +217,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	if err != nil {
 		return err
 	}
-	v := &verifier{url: cfg.Postgres.URL, cat: cat, outbox: p.outbox(), log: p.log, obs: &p.obs, oid: res.Verified.TableOID}
+	v := &verifier{url: cfg.Postgres.URL, cat: cat, outbox: p.outbox(), log: p.log, obs: &p.obs, oid: res.Verified.TableOID,
+		giveUp: cfg.Postgres.ReceiveTimeout}
 	v.limit.Store(uint64(res.Verified.LSN))
 	p.obs.markVerified(time.Now())
 	defer v.close()
@@ -373,13 +374,22 @@ type verifier struct {
 	obs    *observed
 	oid    uint32
 	limit  atomic.Uint64
-	failed bool // the last check failed (logged once per streak)
+	// giveUp is how long checks may fail before the session lets go of the replication connection.
+	giveUp      time.Duration
+	failedSince time.Time // zero while checks succeed
 }
 
 // confirmLimit is the stream's ConfirmLimit.
 func (v *verifier) confirmLimit() checkpoint.LSN { return checkpoint.LSN(v.limit.Load()) }
 
-// run verifies until ctx ends; an outbox that changed under the stream is reported through fail.
+// errReleased ends a session that lets go of the replication connection so that PostgreSQL is not
+// held: the slot keeps everything unconfirmed, and the next session replays it.
+var errReleased = errors.New("released the replication connection")
+
+// run verifies until ctx ends. An outbox that changed under the stream ends the session through fail;
+// so does a server that is shutting down, or checks failing for longer than giveUp: confirms cannot
+// move meanwhile, and a walsender at shutdown waits for its client to confirm everything it sent —
+// holding on would hold the database.
 func (v *verifier) run(ctx context.Context, fail context.CancelCauseFunc) {
 	tick := time.NewTicker(verifyInterval)
 	defer tick.Stop()
@@ -389,18 +399,24 @@ func (v *verifier) run(ctx context.Context, fail context.CancelCauseFunc) {
 			return
 		case <-tick.C:
 		}
-		if err := v.once(ctx); err != nil {
-			if errors.Is(err, replication.ErrOutboxChanged) {
-				fail(err)
-				return
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			if !v.failed {
+		err := v.once(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, replication.ErrOutboxChanged):
+			fail(err)
+			return
+		case replication.ShuttingDown(err):
+			fail(fmt.Errorf("%w so that PostgreSQL can shut down (the slot keeps everything unconfirmed): %w", errReleased, err))
+			return
+		default:
+			if v.failedSince.IsZero() {
+				v.failedSince = time.Now()
 				v.log.Warn("cannot verify that the outbox is still published; confirms wait until it can be", "error", err.Error())
 			}
-			v.failed = true
+			if time.Since(v.failedSince) > v.giveUp {
+				fail(fmt.Errorf("%w: the outbox could not be verified for %s: %w", errReleased, v.giveUp, err))
+				return
+			}
 		}
 	}
 }
@@ -428,9 +444,9 @@ func (v *verifier) once(ctx context.Context) error {
 			"table", v.outbox.String(), "old_oid", v.oid, "new_oid", res.TableOID)
 		v.oid = res.TableOID
 	}
-	if v.failed {
+	if !v.failedSince.IsZero() {
 		v.log.Info("the outbox is verified again; confirms resume")
-		v.failed = false
+		v.failedSince = time.Time{}
 	}
 	if res.LSN > v.confirmLimit() {
 		v.limit.Store(uint64(res.LSN))

@@ -484,6 +484,17 @@ func (c *Catalog) resyncRunning(ctx context.Context, slot string) (bool, error) 
 	return !free, nil
 }
 
+// ShuttingDown reports whether err says the server is shutting down or not yet accepting
+// connections (SQLSTATE 57P01, 57P02, 57P03): at a shutdown the walsender waits for its client to
+// confirm everything it sent, so a client that cannot confirm must let go of the connection.
+func ShuttingDown(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	return err != nil && strings.Contains(err.Error(), "the database system is shutting down")
+}
+
 // isPrivilegeError reports SQLSTATE class 42 (syntax error or access rule violation).
 func isPrivilegeError(err error) bool {
 	var pgErr *pgconn.PgError

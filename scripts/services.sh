@@ -106,6 +106,17 @@ pg_down() {
   as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
 }
 
+# pg_restart MODE: restart the local server with pg_ctl -m MODE (fast or immediate), for the chaos suite.
+pg_restart() {
+  local data; data="$(cat "$DEV/pgdata-path")"
+  log "restarting postgres (-m $1)"
+  if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -m "$1" -w -t 120 restart -l "$data/server.log" >/dev/null; then
+    tail -20 "$data/server.log" >&2
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null 2>&1 || true
+    die "postgres did not restart within 120 s (started again; see $data/server.log)"
+  fi
+}
+
 # --- Kafka ------------------------------------------------------------------------------------------
 
 # maven_libs POM DIR WHAT: resolve the runtime jars of POM from Maven Central into DIR, once.
@@ -239,11 +250,12 @@ case "${1:-}" in
   up) pg_up; kafka_up; write_env ;;
   down) kafka_down; pg_down ;;
   kafka-stop) kafka_down ;;
+  pg-restart) pg_restart "${2:-fast}" ;;
   kafka-start) kafka_up ;;
   debezium-libs) debezium_libs ;;
   status)
     if [ -f "$DEV/pgdata-path" ] && as_pg "$PG_BIN/pg_ctl" -D "$(cat "$DEV/pgdata-path")" status >/dev/null 2>&1; then
       echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
     if kafka_running; then echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_DIR/kafka.pid"))"; else echo "kafka: stopped"; fi ;;
-  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop|debezium-libs" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop|pg-restart [fast|immediate]|debezium-libs" >&2; exit 2 ;;
 esac

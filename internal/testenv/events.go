@@ -131,16 +131,46 @@ func TopicsOf(f *Fixture, types ...string) []string {
 }
 
 // VerifyDelivery checks that every event of want (in commit order) arrived on its topic with the
-// right key, value and headers, and that order held:
-//   - per topic and key, in offset order, new events arrive in commit order, and a duplicate is only
-//     ever part of a replay that re-sends that key's events in order from some point on (a "stale"
-//     duplicate — an old version after newer ones, not followed by the versions between — fails);
-//   - per aggregate across topics, the last copies of its events were produced in commit order
-//     (record timestamps), which is what a replay from the slot guarantees even after crashes.
-//
-// It returns the number of duplicate deliveries.
+// right key, value and headers, and that order held (see CheckDelivery); it fails t for each problem
+// and returns the number of duplicate deliveries.
 func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (duplicates int) {
 	t.Helper()
+	rep := CheckDelivery(f.TopicPrefix, want, got)
+	for i, p := range rep.Problems {
+		if i == 50 {
+			t.Errorf("... and %d more problems", len(rep.Problems)-50)
+			break
+		}
+		t.Errorf("%s", p)
+	}
+	return rep.Duplicates
+}
+
+// DeliveryReport is what CheckDelivery found.
+type DeliveryReport struct {
+	// Events is the number of events expected; Missing, OrderViolations (order broken, stale
+	// duplicates, cross-topic inversions) and Wrong (records with a wrong topic, key, value or header,
+	// or unexpected records) count problems; Duplicates counts extra copies (at-least-once).
+	Events, Missing, OrderViolations, Wrong, Duplicates int
+	// Problems describes each problem.
+	Problems []string
+}
+
+// CheckDelivery checks records against the events written (want, in commit order) for topics
+// named topicPrefix + "." + event type:
+//   - every event arrived on its topic with the right key, value and headers;
+//   - per topic and key, in offset order, new events arrive in commit order, and a duplicate is only
+//     ever part of a replay that re-sends that key's events in order from some point on (a "stale"
+//     duplicate — an old version after newer ones, not followed by the versions between — is a
+//     violation);
+//   - per aggregate across topics, the last copies of its events were produced in commit order
+//     (record timestamps), which is what a replay from the slot guarantees even after crashes.
+func CheckDelivery(topicPrefix string, want []Event, got []*kgo.Record) DeliveryReport {
+	rep := DeliveryReport{Events: len(want)}
+	problem := func(counter *int, format string, args ...any) {
+		*counter++
+		rep.Problems = append(rep.Problems, fmt.Sprintf(format, args...))
+	}
 	byID := make(map[string]Event, len(want))
 	for _, e := range want {
 		byID[e.ID] = e
@@ -149,7 +179,7 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 	place := make(map[string]int, len(want))
 	length := map[string]int{}
 	for _, e := range want {
-		k := f.TopicPrefix + "." + e.Type + "|" + e.AggID
+		k := topicPrefix + "." + e.Type + "|" + e.AggID
 		place[e.ID] = length[k]
 		length[k]++
 	}
@@ -171,7 +201,7 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 		id := Header(r, "event_id")
 		e, ok := byID[id]
 		if !ok {
-			t.Errorf("unexpected record on %s with event_id %q", r.Topic, id)
+			problem(&rep.Wrong, "unexpected record on %s with event_id %q", r.Topic, id)
 			continue
 		}
 		k := r.Topic + "|" + string(r.Key)
@@ -180,7 +210,7 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 			st = &keyState{}
 			states[k] = st
 		}
-		if prev := last[id]; prev == nil || r.Timestamp.After(prev.Timestamp) || r.Timestamp.Equal(prev.Timestamp) {
+		if prev := last[id]; prev == nil || !r.Timestamp.Before(prev.Timestamp) {
 			last[id] = r
 		}
 		i := place[id]
@@ -189,47 +219,47 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 			st.next++
 			st.replay = st.next
 		case st.replay < st.next && i > st.replay:
-			t.Errorf("stale duplicate on %s key %s: an old version was re-sent after newer ones, and version %d followed it without the versions between", r.Topic, r.Key, e.Version)
+			problem(&rep.OrderViolations, "stale duplicate on %s key %s: an old version was re-sent after newer ones, and version %d followed it without the versions between", r.Topic, r.Key, e.Version)
 			st.next = max(st.next, i+1)
 			st.replay = st.next
 		case i > st.next:
-			t.Errorf("per-aggregate order broken on %s key %s: version %d arrived before earlier versions", r.Topic, r.Key, e.Version)
+			problem(&rep.OrderViolations, "per-aggregate order broken on %s key %s: version %d arrived before earlier versions", r.Topic, r.Key, e.Version)
 			st.next = i + 1
 			st.replay = st.next
 		default: // a replay starting at i (or going on)
 			st.replay = i + 1
 		}
 		if seen[id] {
-			duplicates++
+			rep.Duplicates++
 			continue
 		}
 		seen[id] = true
-		if wantTopic := f.TopicPrefix + "." + e.Type; r.Topic != wantTopic {
-			t.Errorf("event %s on topic %s, want %s", id, r.Topic, wantTopic)
+		if wantTopic := topicPrefix + "." + e.Type; r.Topic != wantTopic {
+			problem(&rep.Wrong, "event %s on topic %s, want %s", id, r.Topic, wantTopic)
 		}
 		if string(r.Key) != e.AggID {
-			t.Errorf("event %s key %q, want %q", id, r.Key, e.AggID)
+			problem(&rep.Wrong, "event %s key %q, want %q", id, r.Key, e.AggID)
 		}
 		if !SameJSON(r.Value, []byte(e.Payload)) {
-			t.Errorf("event %s value %s, want %s", id, r.Value, e.Payload)
+			problem(&rep.Wrong, "event %s value %s, want %s", id, r.Value, e.Payload)
 		}
 		if h := Header(r, "event_type"); h != e.Type {
-			t.Errorf("event %s header event_type %q, want %q", id, h, e.Type)
+			problem(&rep.Wrong, "event %s header event_type %q, want %q", id, h, e.Type)
 		}
 		if h := Header(r, "aggregate_type"); h != e.AggType {
-			t.Errorf("event %s header aggregate_type %q, want %q", id, h, e.AggType)
+			problem(&rep.Wrong, "event %s header aggregate_type %q, want %q", id, h, e.AggType)
 		}
 		if h := Header(r, "aggregate_version"); h != fmt.Sprint(e.Version) {
-			t.Errorf("event %s header aggregate_version %q, want %d", id, h, e.Version)
+			problem(&rep.Wrong, "event %s header aggregate_version %q, want %d", id, h, e.Version)
 		}
 		if h := Header(r, "created_at"); !strings.HasSuffix(h, "Z") {
-			t.Errorf("event %s header created_at %q is not RFC 3339 UTC", id, h)
+			problem(&rep.Wrong, "event %s header created_at %q is not RFC 3339 UTC", id, h)
 		}
 		if e.Headers != "" {
 			var hs map[string]any
 			_ = json.Unmarshal([]byte(e.Headers), &hs)
 			if tp, _ := hs["traceparent"].(string); Header(r, "traceparent") != tp {
-				t.Errorf("event %s header traceparent %q, want %q", id, Header(r, "traceparent"), tp)
+				problem(&rep.Wrong, "event %s header traceparent %q, want %q", id, Header(r, "traceparent"), tp)
 			}
 		}
 	}
@@ -241,24 +271,23 @@ func VerifyDelivery(t testing.TB, f *Fixture, want []Event, got []*kgo.Record) (
 			continue
 		}
 		if prev := lastAt[e.AggID]; prev != nil && r.Timestamp.Before(prev.Timestamp) {
-			t.Errorf("per-aggregate order across topics broken for %s: version %d (%s, produced %s) was last produced before an earlier version (%s, produced %s)",
+			problem(&rep.OrderViolations, "per-aggregate order across topics broken for %s: version %d (%s, produced %s) was last produced before an earlier version (%s, produced %s)",
 				e.AggID, e.Version, r.Topic, r.Timestamp.Format(time.RFC3339Nano), prev.Topic, prev.Timestamp.Format(time.RFC3339Nano))
 		}
 		lastAt[e.AggID] = r
 	}
-	missing := 0
 	for _, e := range want {
 		if !seen[e.ID] {
-			missing++
-			if missing <= 5 {
-				t.Errorf("event %s (%s, %s v%d) never arrived", e.ID, e.Type, e.AggID, e.Version)
+			rep.Missing++
+			if rep.Missing <= 5 {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("event %s (%s, %s v%d) never arrived", e.ID, e.Type, e.AggID, e.Version))
 			}
 		}
 	}
-	if missing > 0 {
-		t.Errorf("%d of %d events missing", missing, len(want))
+	if rep.Missing > 0 {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%d of %d events missing", rep.Missing, len(want)))
 	}
-	return duplicates
+	return rep
 }
 
 // SameJSON reports whether a and b hold equal JSON values.

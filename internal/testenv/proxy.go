@@ -1,137 +1,28 @@
 package testenv
 
 import (
-	"io"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/faultnet"
 )
 
-// Proxy is a TCP proxy on a loopback port in front of a server, for network faults: it can cut every
-// open connection (the peer sees a reset) or black-hole them (bytes are swallowed in both directions
-// and nobody is told, like a peer whose host vanished without a FIN). New connections always pass.
-type Proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	conns map[*proxied]bool
-	wg    sync.WaitGroup
-}
-
-type proxied struct {
-	client, server net.Conn
-	mu             sync.Mutex
-	holed          bool
-}
-
-// NewProxy starts a proxy to target (host:port) that stops when the test ends.
-func NewProxy(t testing.TB, target string) *Proxy {
+// NewProxy starts a TCP proxy to target (host:port) for network faults; it stops when the test ends.
+func NewProxy(t testing.TB, target string) *faultnet.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultnet.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[*proxied]bool{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
-// Addr is the proxy's host:port.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-// URL returns rawURL (a postgres:// URL) with its host:port replaced by the proxy's.
-func (p *Proxy) URL(t testing.TB, rawURL string) string {
+// ProxyURL returns rawURL with its host:port replaced by the proxy's.
+func ProxyURL(t testing.TB, p *faultnet.Proxy, rawURL string) string {
 	t.Helper()
-	u, err := url.Parse(rawURL)
+	u, err := p.URL(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Host = p.Addr()
-	return u.String()
-}
-
-func (p *Proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		pc := &proxied{client: c, server: s}
-		p.mu.Lock()
-		p.conns[pc] = true
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(pc, c, s)
-		go p.pipe(pc, s, c)
-	}
-}
-
-// pipe copies from src to dst until either side closes; while the connection is black-holed the
-// bytes read are dropped.
-func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			pc.mu.Lock()
-			holed := pc.holed
-			pc.mu.Unlock()
-			if !holed {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					err = werr
-				}
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				_ = src.Close()
-			}
-			_ = dst.Close()
-			p.mu.Lock()
-			delete(p.conns, pc)
-			p.mu.Unlock()
-			return
-		}
-	}
-}
-
-// BlackHole silences every connection open now: from here on nothing passes in either direction, and
-// neither side is told. It returns how many connections it silenced.
-func (p *Proxy) BlackHole() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for pc := range p.conns {
-		pc.mu.Lock()
-		pc.holed = true
-		pc.mu.Unlock()
-	}
-	return len(p.conns)
-}
-
-// Cut closes every connection open now, both ways.
-func (p *Proxy) Cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for pc := range p.conns {
-		_ = pc.client.Close()
-		_ = pc.server.Close()
-	}
-	return len(p.conns)
-}
-
-func (p *Proxy) close() {
-	_ = p.ln.Close()
-	p.Cut()
-	p.wg.Wait()
+	return u
 }
