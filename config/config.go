@@ -98,6 +98,11 @@ type Kafka struct {
 	MaxMessageBytes int32 `yaml:"max_message_bytes"`
 	// Linger is how long the producer waits to fill a batch.
 	Linger time.Duration `yaml:"linger"`
+	// AckTimeout is how long Kafka may acknowledge nothing, with records waiting, before the router
+	// lets go of the replication connection (and takes it again once Kafka answers): a session that
+	// cannot confirm would hold PostgreSQL, whose walsender waits at shutdown for its client to
+	// confirm what it sent. 0 keeps the connection however long Kafka is away.
+	AckTimeout time.Duration `yaml:"ack_timeout"`
 	// TLS and SASL secure the connections to the brokers.
 	TLS KafkaTLS `yaml:"tls"`
 	// SASL authenticates to the brokers.
@@ -196,6 +201,7 @@ func Default() Config {
 			TopicReplicationFactor: -1,
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
+			AckTimeout:             10 * time.Second,
 		},
 		Routing:         Routing{Topic: "{event_type}"},
 		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
@@ -319,6 +325,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.Linger < 0 {
 		bad("kafka.linger", "must not be negative, got %s", c.Kafka.Linger)
+	}
+	if c.Kafka.AckTimeout != 0 && c.Kafka.AckTimeout < time.Second {
+		bad("kafka.ack_timeout", "must be 0 (never release) or at least 1s, got %s", c.Kafka.AckTimeout)
 	}
 	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")

@@ -96,6 +96,7 @@ var settings = []setting{
 	{"kafka.topic_replication_factor", "OUTBOX_CDC_TOPIC_REPLICATION_FACTOR", "", "", integer(func(c *Config) *int16 { return &c.Kafka.TopicReplicationFactor })},
 	{"kafka.max_message_bytes", "OUTBOX_CDC_MAX_MESSAGE_BYTES", "", "", integer(func(c *Config) *int32 { return &c.Kafka.MaxMessageBytes })},
 	{"kafka.linger", "OUTBOX_CDC_LINGER", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
+	{"kafka.ack_timeout", "OUTBOX_CDC_KAFKA_ACK_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.AckTimeout })},
 	{"kafka.tls.enabled", "OUTBOX_CDC_KAFKA_TLS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
 	{"kafka.tls.ca_file", "OUTBOX_CDC_KAFKA_TLS_CA_FILE", "", "", str(func(c *Config) *string { return &c.Kafka.TLS.CAFile })},
 	{"kafka.tls.cert_file", "OUTBOX_CDC_KAFKA_TLS_CERT_FILE", "", "", str(func(c *Config) *string { return &c.Kafka.TLS.CertFile })},

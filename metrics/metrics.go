@@ -118,16 +118,10 @@ func (m *Metrics) Handler(snapshot func() pipeline.Snapshot) http.Handler {
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		s := snapshot()
-		switch s.State {
-		case pipeline.StateStreaming:
-			fmt.Fprintln(w, "streaming")
-		case pipeline.StateStandby:
+		if !s.Ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "standby: another instance holds the slot; this one takes over when it frees")
-		default:
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, s.State.String()+": not streaming (connecting, or retrying after a failure)")
 		}
+		fmt.Fprintln(w, s.NotReady)
 	})
 	return mux
 }
@@ -167,16 +161,21 @@ var (
 	descInFlightB    = desc("inflight_bytes", "Bytes of records handed to Kafka and not yet acknowledged.")
 	descConfirmed    = desc("confirmed_lsn", "Last WAL position confirmed to PostgreSQL (as a byte position).")
 	descWALEnd       = desc("server_wal_end_lsn", "Server WAL end from the last keepalive (as a byte position).")
-	descSlotLag      = desc("slot_lag_bytes", "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, polled every 10 s.")
-	descBehind       = desc("seconds_behind", "Now minus the commit time of the oldest unacknowledged transaction; 0 when idle.")
-	descRole         = desc("role", "1 for this instance's role: active (streaming), standby, or starting.", "role")
-	descWALStatus    = desc("slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost, or missing).", "status")
+	descSlotLag      = desc("slot_lag_bytes", "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, polled every 5 s; absent while the slot monitor has no recent observation.")
+	descBehind       = desc("seconds_behind", "Now minus the commit time of the oldest unacknowledged transaction; 0 when idle; absent while not streaming.")
+	descRole         = desc("role", "1 for this instance's role: active (streaming, hearing from the server, holding the slot), standby, or starting.", "role")
+	descWALStatus    = desc("slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost, missing, or unknown while the monitor has no recent observation).", "status")
+	descMonErrors    = desc("slot_monitor_errors_total", "Polls of pg_replication_slots that failed (each leaves the slot's state unknown).")
+	descMonSuccess   = desc("slot_monitor_last_success_timestamp_seconds", "When the slot monitor last read the slot (Unix time); absent before the first success.")
+	descSlotActive   = desc("slot_active", "1 when pg_replication_slots shows a walsender on the slot (this instance or another), 0 when none; absent while unknown.")
+	descSilence      = desc("server_silence_seconds", "Time since the replication connection last heard from PostgreSQL; absent without a session.")
 )
 
 // Describe implements prometheus.Collector.
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
-		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus} {
+		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
+		descMonErrors, descMonSuccess, descSilence, descSlotActive} {
 		ch <- d
 	}
 }
@@ -205,20 +204,39 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descInFlightB, float64(s.InFlightBytes))
 	gauge(descConfirmed, float64(s.ConfirmedLSN))
 	gauge(descWALEnd, float64(s.ServerWALEnd))
-	gauge(descSlotLag, float64(s.Slot.LagBytes))
-	gauge(descBehind, s.SecondsBehind)
-	role := map[pipeline.State]string{pipeline.StateStreaming: "active", pipeline.StateStandby: "standby"}[s.State]
-	if role == "" {
-		role = "starting"
+	// What is not known now is left out, never shown at its last value.
+	if s.Slot.Known && s.Slot.Exists {
+		gauge(descSlotLag, float64(s.Slot.LagBytes))
+		gauge(descSlotActive, b2f(s.Slot.Active))
+	}
+	if s.State == pipeline.StateStreaming {
+		gauge(descBehind, s.SecondsBehind)
+	}
+	if !s.LastServerMessage.IsZero() && s.State == pipeline.StateStreaming {
+		gauge(descSilence, time.Since(s.LastServerMessage).Seconds())
+	}
+	counter(descMonErrors, float64(s.SlotMonitorErrors))
+	if !s.SlotMonitorLastSuccess.IsZero() {
+		gauge(descMonSuccess, float64(s.SlotMonitorLastSuccess.UnixNano())/1e9)
+	}
+	role := "starting"
+	switch {
+	case s.Ready:
+		role = "active"
+	case s.State == pipeline.StateStandby:
+		role = "standby"
 	}
 	for _, r := range []string{"active", "standby", "starting"} {
 		gauge(descRole, b2f(r == role), r)
 	}
 	status := s.Slot.WALStatus
-	if s.Slot.Known && !s.Slot.Exists {
+	switch {
+	case !s.Slot.Known:
+		status = "unknown"
+	case !s.Slot.Exists:
 		status = "missing"
 	}
-	for _, st := range []string{"reserved", "extended", "unreserved", "lost", "missing"} {
+	for _, st := range []string{"reserved", "extended", "unreserved", "lost", "missing", "unknown"} {
 		gauge(descWALStatus, b2f(st == status), st)
 	}
 }

@@ -17,12 +17,22 @@ import (
 
 func fixedSnapshot(state pipeline.State) func() pipeline.Snapshot {
 	return func() pipeline.Snapshot {
-		return pipeline.Snapshot{
+		s := pipeline.Snapshot{
 			State: state, Rows: 10, Transactions: 4, IgnoredDeletes: 3, Produced: 9, ProducedBytes: 900,
 			InFlightRecords: 1, InFlightBytes: 100, ConfirmedLSN: 5000, ServerWALEnd: 6000, SecondsBehind: 1.5,
-			Restarts: 2, Errors: map[string]int64{"kafka": 2},
-			Slot: pipeline.SlotStatus{Known: true, Exists: true, Active: true, WALStatus: "reserved", LagBytes: 1000},
+			Restarts: 2, Errors: map[string]int64{"kafka": 2}, LastServerMessage: time.Now(),
+			Slot:              pipeline.SlotStatus{Known: true, Exists: true, Active: true, ActivePID: 42, WALStatus: "reserved", LagBytes: 1000, ObservedAt: time.Now()},
+			SlotMonitorErrors: 1, SlotMonitorLastSuccess: time.Now(),
 		}
+		switch state {
+		case pipeline.StateStreaming:
+			s.Ready, s.NotReady = true, "streaming"
+		case pipeline.StateStandby:
+			s.NotReady = "standby: another instance holds the slot"
+		default:
+			s.NotReady = "starting: not streaming"
+		}
+		return s
 	}
 }
 
@@ -78,9 +88,40 @@ func TestMetricsExposition(t *testing.T) {
 		`outbox_cdc_end_to_end_latency_seconds_count 1`,
 		`outbox_cdc_produce_latency_seconds_count 1`,
 		`outbox_cdc_inflight_records 1`,
+		`outbox_cdc_slot_monitor_errors_total 1`,
+		`outbox_cdc_slot_monitor_last_success_timestamp_seconds`,
+		`outbox_cdc_server_silence_seconds`,
+		`outbox_cdc_slot_active 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// TestUnknownIsNotShownAsHealthy: a streaming pipeline that is not ready (silent server, slot state
+// unknown) is not active, its /readyz says why, and the slot figures that are not known now are left
+// out rather than shown at their last value.
+func TestUnknownIsNotShownAsHealthy(t *testing.T) {
+	snap := func() pipeline.Snapshot {
+		return pipeline.Snapshot{State: pipeline.StateStreaming, NotReady: "silent: nothing received from PostgreSQL for over 30s",
+			LastServerMessage: time.Now().Add(-time.Minute), Errors: map[string]int64{}, SlotMonitorErrors: 3}
+	}
+	m := New()
+	m.Watch(snap)
+	h := m.Handler(snap)
+	if code, body := get(t, h, "/readyz"); code != 503 || !strings.Contains(body, "silent") {
+		t.Fatalf("/readyz = %d %q, want 503 saying silent", code, body)
+	}
+	_, body := get(t, h, "/metrics")
+	for _, want := range []string{`outbox_cdc_role{role="active"} 0`, `outbox_cdc_slot_wal_status{status="unknown"} 1`, `outbox_cdc_slot_monitor_errors_total 3`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	for _, absent := range []string{"outbox_cdc_slot_lag_bytes ", "outbox_cdc_slot_monitor_last_success_timestamp_seconds "} {
+		if strings.Contains(body, absent) {
+			t.Errorf("/metrics shows %s though nothing is known", absent)
 		}
 	}
 }
@@ -140,6 +181,17 @@ func TestDashboardsUseExistingMetrics(t *testing.T) {
 			}
 			if err := yaml.Unmarshal(data, &rules); err != nil || len(rules.Groups) == 0 {
 				t.Fatalf("%s: not valid alert rules: %v", file, err)
+			}
+			alerts := map[string]bool{}
+			for _, g := range rules.Groups {
+				for _, r := range g.Rules {
+					alerts[r.Alert] = true
+				}
+			}
+			for _, want := range []string{"OutboxCdcSlotLost", "OutboxCdcNotStreaming", "OutboxCdcNotStreamingSlotInactive", "OutboxCdcSlotMonitorFailing", "OutboxCdcServerSilent"} {
+				if !alerts[want] {
+					t.Errorf("%s lacks the alert %s", file, want)
+				}
 			}
 		}
 		names := nameRE.FindAllString(string(data), -1)

@@ -153,7 +153,25 @@ type carried struct {
 	// died without the server noticing, and the next session ends it rather than wait as a standby
 	// for wal_sender_timeout.
 	lastPID int
+	// streamed is when the last session began streaming (zero if it never did); progressed is true
+	// once it confirmed a position.
+	streamed   time.Time
+	progressed bool
+	// poke asks the slot monitor for a fresh observation.
+	poke chan struct{}
 }
+
+// madeProgress reports whether the last session did something worth starting the backoff over for:
+// it confirmed a position, or streamed for a while.
+func (c *carried) madeProgress() bool {
+	return !c.streamed.IsZero() && (c.progressed || time.Since(c.streamed) >= progressAfter)
+}
+
+// progressAfter is how long a session must stream to count as progress without a confirm.
+const progressAfter = 5 * time.Second
+
+// maxBackoff caps every wait between sessions, jitter included.
+const maxBackoff = 30 * time.Second
 
 // Run streams until ctx ends (then it stops gracefully and returns nil) or a permanent error occurs.
 // Transient failures — lost connections, a broker gone, a final produce error — are logged and
@@ -161,15 +179,15 @@ type carried struct {
 func (p *Pipeline) Run(ctx context.Context) error {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 500 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
+	bo.MaxInterval = maxBackoff
 	bo.RandomizationFactor = 0.5
-	var c carried
+	c := carried{poke: make(chan struct{}, 1)}
 	defer p.state.Store(int32(StateStopped))
 	monitorCtx, stopMonitor := context.WithCancel(ctx)
 	defer stopMonitor()
-	go p.pollSlot(monitorCtx)
+	go p.pollSlot(monitorCtx, c.poke)
 	for {
-		started := time.Now()
+		c.streamed, c.progressed = time.Time{}, false
 		err := p.runOnce(ctx, &c)
 		p.state.Store(int32(StateStarting))
 		if ctx.Err() != nil {
@@ -188,12 +206,16 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.state.Store(int32(StateStandby))
 			wait = p.cfg.Postgres.StandbyPollInterval
 		} else {
-			if time.Since(started) > time.Minute {
-				bo.Reset() // it streamed for a while: this is a new failure, not the same one again
+			if c.madeProgress() {
+				bo.Reset() // the last session worked for a while: this is a new failure, not the same one again
 			}
-			wait = bo.NextBackOff()
+			wait = min(bo.NextBackOff(), maxBackoff)
 			p.obs.countError(errorClass(err))
-			p.log.Warn("pipeline stopped (transient failure); replaying from the slot after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
+			if c.streamed.IsZero() {
+				p.log.Warn("cannot start a session (transient failure); retrying after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
+			} else {
+				p.log.Warn("pipeline stopped (transient failure); replaying from the slot after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -244,12 +266,18 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		c.standby = false
 	}
 	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
-	p.obs.setTracker(tracker)
-	defer p.obs.setTracker(nil)
+	p.obs.setSession(tracker, c.lastPID)
+	defer p.obs.setSession(nil, 0)
 	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
 		"table", cfg.Postgres.Table, "from_lsn", res.Slot.ConfirmedFlush.String())
 
 	p.state.Store(int32(StateStreaming))
+	c.streamed = time.Now()
+	select {
+	case c.poke <- struct{}{}: // a fresh look at the slot, now held by this session
+	default:
+	}
+	defer func() { c.progressed = checkpoint.LSN(p.Replication.ConfirmedLSN.Load()) > res.Slot.ConfirmedFlush }()
 	streamCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
@@ -264,7 +292,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		defer close(verifying)
 		v.run(streamCtx, cancel)
 	}()
-	go p.reportStalls(streamCtx, tracker)
+	go p.watchKafka(streamCtx, tracker, cancel)
 	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
 	if ctx.Err() == nil && errors.Is(runErr, context.Canceled) {
 		if cause := context.Cause(streamCtx); cause != nil {
@@ -485,16 +513,20 @@ func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	return rt, nil
 }
 
-// stallAfter is how long the watermark may stand still with records in flight before the pipeline
-// says so.
-const stallAfter = 30 * time.Second
+// stallReportEvery is how often a stall is logged while Kafka does not acknowledge.
+const stallReportEvery = 30 * time.Second
 
-// reportStalls logs, at most every stallAfter, that Kafka has not acknowledged records for a while:
-// the one line an operator needs while a broker is away (the client retries without limit).
-func (p *Pipeline) reportStalls(ctx context.Context, tr *checkpoint.Tracker) {
-	tick := time.NewTicker(stallAfter)
+// watchKafka watches acknowledgements while records are in flight. Every stallReportEvery without
+// one it logs the one line an operator needs while a broker is away (the client retries without
+// limit); after kafka.ack_timeout without one it ends the session through release: a session that
+// cannot confirm holds PostgreSQL (a walsender at shutdown waits for its client to confirm
+// everything it sent), while the slot alone keeps everything unconfirmed just as well. The next
+// session starts once Kafka answers.
+func (p *Pipeline) watchKafka(ctx context.Context, tr *checkpoint.Tracker, release context.CancelCauseFunc) {
+	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	last := tr.Stats().Watermark
+	acked := func() int64 { return p.Router.Produced.Load() + p.Router.DeadLettered.Load() }
+	last, lastAt, reported := acked(), time.Now(), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -502,13 +534,22 @@ func (p *Pipeline) reportStalls(ctx context.Context, tr *checkpoint.Tracker) {
 		case <-tick.C:
 		}
 		st := tr.Stats()
-		stalled := st.PendingRecords > 0 && st.Watermark == last
-		last = st.Watermark
-		if stalled {
+		if n := acked(); n != last || st.PendingRecords == 0 {
+			last, lastAt, reported = n, time.Now(), time.Now()
+			continue
+		}
+		waited := time.Since(lastAt)
+		if time.Since(reported) >= stallReportEvery {
+			reported = time.Now()
 			p.log.Warn("waiting for Kafka to acknowledge; the slot holds the backlog meanwhile",
 				"unacknowledged_records", st.PendingRecords, "open_transactions", st.OpenTransactions,
 				"oldest_commit_age", time.Since(st.OldestCommitTime).Round(time.Second).String(),
 				"confirmed_lsn", st.Watermark.String())
+		}
+		if timeout := p.cfg.Kafka.AckTimeout; timeout > 0 && waited >= timeout {
+			release(&kafkaError{fmt.Errorf("%w: Kafka acknowledged nothing for %s (kafka.ack_timeout) with %d records waiting; the slot keeps them, and a new session starts once Kafka answers",
+				errReleased, waited.Round(time.Second), st.PendingRecords)})
+			return
 		}
 	}
 }

@@ -3,39 +3,51 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // SlotStatus is the slot as pg_replication_slots shows it, polled every slotPollInterval.
 type SlotStatus struct {
-	// Known is false until the first successful poll, and when the slot does not exist.
+	// Known is true when the latest poll succeeded (within slotStale); false means unknown, never
+	// "missing" or "healthy".
 	Known bool
 	// Exists reports whether the slot exists.
 	Exists bool
-	// Active reports whether a walsender streams from the slot (this instance or another).
-	Active bool
+	// Active reports whether a walsender streams from the slot, ActivePID which one (this instance or
+	// another).
+	Active    bool
+	ActivePID int
 	// WALStatus is reserved, extended, unreserved or lost.
 	WALStatus string
 	// LagBytes is pg_current_wal_lsn() minus confirmed_flush_lsn.
 	LagBytes int64
+	// ObservedAt is when the poll that saw this ran.
+	ObservedAt time.Time
 }
 
 // Snapshot is a consistent-enough view of the pipeline for metrics and health checks.
 type Snapshot struct {
 	// State is what the pipeline is doing.
 	State State
+	// Ready is true only when the pipeline streams, has heard from the server within
+	// postgres.receive_timeout, and the slot monitor saw the slot held by this instance's walsender
+	// recently; NotReady says why not.
+	Ready    bool
+	NotReady string
 	// Replication counters.
 	Rows, Transactions, IgnoredUpdates, IgnoredDeletes, IgnoredTruncates, IgnoredOtherTables int64
 	// Router counters.
 	Produced, ProducedBytes, DeadLettered, InFlightRecords, InFlightBytes int64
 	// ConfirmedLSN is the last position confirmed to the server; ServerWALEnd the server's last WAL end.
 	ConfirmedLSN, ServerWALEnd uint64
+	// LastServerMessage is when the current session last heard from the server; zero without one.
+	LastServerMessage time.Time
 	// SecondsBehind is now minus the commit time of the oldest unacknowledged transaction; 0 when idle.
 	SecondsBehind float64
 	// Restarts counts sessions rebuilt after a failure.
@@ -44,6 +56,9 @@ type Snapshot struct {
 	Errors map[string]int64
 	// Slot is the latest poll of pg_replication_slots.
 	Slot SlotStatus
+	// SlotMonitorErrors counts failed polls; SlotMonitorLastSuccess is when one last succeeded.
+	SlotMonitorErrors      int64
+	SlotMonitorLastSuccess time.Time
 	// LastVerified is when the outbox was last verified to be published (zero before the first
 	// session); confirms never pass the position of that check.
 	LastVerified time.Time
@@ -51,23 +66,27 @@ type Snapshot struct {
 
 // observed is the pipeline's mutable state read by Snapshot.
 type observed struct {
-	mu       sync.Mutex
-	tracker  *checkpoint.Tracker
-	restarts int64
-	errors   map[string]int64
-	slot     SlotStatus
-	verified time.Time
+	mu          sync.Mutex
+	tracker     *checkpoint.Tracker
+	backendPID  int // the walsender of the current session, 0 without one
+	restarts    int64
+	errors      map[string]int64
+	slot        SlotStatus
+	slotErrors  int64
+	slotSuccess time.Time
+	verified    time.Time
+}
+
+// setSession records the current session's tracker and walsender (nil and 0 when it ends).
+func (o *observed) setSession(tr *checkpoint.Tracker, backendPID int) {
+	o.mu.Lock()
+	o.tracker, o.backendPID = tr, backendPID
+	o.mu.Unlock()
 }
 
 func (o *observed) markVerified(at time.Time) {
 	o.mu.Lock()
 	o.verified = at
-	o.mu.Unlock()
-}
-
-func (o *observed) setTracker(tr *checkpoint.Tracker) {
-	o.mu.Lock()
-	o.tracker = tr
 	o.mu.Unlock()
 }
 
@@ -122,80 +141,104 @@ func (p *Pipeline) Snapshot() Snapshot {
 		ConfirmedLSN:       p.Replication.ConfirmedLSN.Load(),
 		ServerWALEnd:       p.Replication.ServerWALEnd.Load(),
 	}
+	if ns := p.Replication.LastMessage.Load(); ns != 0 {
+		s.LastServerMessage = time.Unix(0, ns)
+	}
 	p.obs.mu.Lock()
-	tr := p.obs.tracker
+	tr, pid := p.obs.tracker, p.obs.backendPID
 	s.Restarts = p.obs.restarts
 	s.Errors = make(map[string]int64, len(p.obs.errors))
 	for k, v := range p.obs.errors {
 		s.Errors[k] = v
 	}
 	s.Slot = p.obs.slot
+	s.SlotMonitorErrors, s.SlotMonitorLastSuccess = p.obs.slotErrors, p.obs.slotSuccess
 	s.LastVerified = p.obs.verified
 	p.obs.mu.Unlock()
+	if s.Slot.Known && time.Since(s.Slot.ObservedAt) > slotStale {
+		s.Slot = SlotStatus{} // too old to tell anything
+	}
 	if tr != nil && s.State == StateStreaming {
 		if st := tr.Stats(); !st.OldestCommitTime.IsZero() {
 			s.SecondsBehind = max(time.Since(st.OldestCommitTime).Seconds(), 0)
 		}
 	}
+	s.Ready, s.NotReady = p.readiness(s, pid)
 	return s
 }
 
-// slotPollInterval is how often the slot's health is read from pg_replication_slots.
-const slotPollInterval = 10 * time.Second
+// readiness says whether the pipeline is ready: streaming, hearing from the server, and holding the
+// slot as the monitor last saw it. Each signal is a fresh observation; an old one counts as unknown.
+func (p *Pipeline) readiness(s Snapshot, backendPID int) (bool, string) {
+	switch {
+	case s.State == StateStandby:
+		return false, "standby: another instance holds the slot; this one takes over when it frees"
+	case s.State != StateStreaming:
+		return false, s.State.String() + ": not streaming (connecting, waiting for Kafka, or retrying after a failure)"
+	case s.LastServerMessage.IsZero() || time.Since(s.LastServerMessage) > p.cfg.Postgres.ReceiveTimeout:
+		return false, fmt.Sprintf("silent: nothing received from PostgreSQL for over %s (postgres.receive_timeout)", p.cfg.Postgres.ReceiveTimeout)
+	case !s.Slot.Known:
+		return false, "unknown: the slot monitor has no recent observation of the slot"
+	case !s.Slot.Active || s.Slot.ActivePID != backendPID:
+		return false, fmt.Sprintf("not holding the slot: pg_replication_slots shows it active=%t for pid %d, this instance's walsender is pid %d", s.Slot.Active, s.Slot.ActivePID, backendPID)
+	}
+	return true, "streaming"
+}
 
-// pollSlot reads the slot's status until ctx ends, on its own connection, also while on standby.
-func (p *Pipeline) pollSlot(ctx context.Context) {
-	var conn *pgx.Conn
+// slotPollInterval is how often the slot's health is read from pg_replication_slots; slotTimeout
+// bounds one poll (connecting included); an observation older than slotStale is unknown.
+const (
+	slotPollInterval = 5 * time.Second
+	slotTimeout      = 4 * time.Second
+	slotStale        = 3 * slotPollInterval
+)
+
+// pollSlot reads the slot's status until ctx ends, on its own connection, also while on standby: every
+// slotPollInterval, and at once when poke receives. A failed poll makes the status unknown and is
+// counted; it never leaves the last good figures standing.
+func (p *Pipeline) pollSlot(ctx context.Context, poke <-chan struct{}) {
+	var mon *replication.Catalog
 	defer func() {
-		if conn != nil {
-			_ = conn.Close(context.Background())
+		if mon != nil {
+			_ = mon.Close(context.Background())
 		}
 	}()
 	for {
-		if conn == nil {
-			cfg, err := pgx.ParseConfig(p.cfg.Postgres.URL)
-			if err == nil {
-				cfg.RuntimeParams["application_name"] = "outbox-cdc-monitor"
-				conn, err = pgx.ConnectConfig(ctx, cfg)
-			}
-			if err != nil {
-				conn = nil
-				p.log.Debug("slot monitor: connect", "error", err.Error())
-			}
+		pctx, cancel := context.WithTimeout(ctx, slotTimeout)
+		var err error
+		if mon == nil {
+			mon, err = replication.OpenMonitor(pctx, p.cfg.Postgres.URL)
 		}
-		if conn != nil {
-			st, err := querySlot(ctx, conn, p.cfg.Postgres.Slot)
-			if err != nil {
-				p.log.Debug("slot monitor: query", "error", err.Error())
-				_ = conn.Close(context.Background())
-				conn = nil
-			} else {
-				p.obs.mu.Lock()
-				p.obs.slot = st
-				p.obs.mu.Unlock()
+		var st replication.SlotState
+		if err == nil {
+			st, err = mon.Slot(pctx, p.cfg.Postgres.Slot)
+		}
+		cancel()
+		now := time.Now()
+		p.obs.mu.Lock()
+		if err != nil {
+			p.obs.slot = SlotStatus{}
+			p.obs.slotErrors++
+		} else {
+			p.obs.slot = SlotStatus{Known: true, Exists: st.Exists, Active: st.Active, ActivePID: st.ActivePID, WALStatus: st.WALStatus, LagBytes: st.LagBytes, ObservedAt: now}
+			p.obs.slotSuccess = now
+		}
+		p.obs.mu.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.Debug("slot monitor: poll failed; the slot's state is unknown", "error", err.Error())
+			if mon != nil {
+				_ = mon.Close(context.Background())
+				mon = nil
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-poke:
 		case <-time.After(slotPollInterval):
 		}
 	}
-}
-
-func querySlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotStatus, error) {
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st := SlotStatus{Known: true}
-	err := conn.QueryRow(qctx, `SELECT active, coalesce(wal_status, ''),
-		coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, 0)
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&st.Active, &st.WALStatus, &st.LagBytes)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return SlotStatus{Known: true}, nil
-	}
-	if err != nil {
-		return SlotStatus{}, err
-	}
-	st.Exists = true
-	return st, nil
 }

@@ -22,12 +22,22 @@ type Catalog struct {
 
 // OpenCatalog connects to the database at url for catalog work.
 func OpenCatalog(ctx context.Context, url string) (*Catalog, error) {
+	return openCatalog(ctx, url, "outbox-cdc")
+}
+
+// OpenMonitor connects to the database at url for the slot monitor (application_name
+// outbox-cdc-monitor, so that pg_stat_activity tells it apart).
+func OpenMonitor(ctx context.Context, url string) (*Catalog, error) {
+	return openCatalog(ctx, url, "outbox-cdc-monitor")
+}
+
+func openCatalog(ctx context.Context, url, application string) (*Catalog, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
-		cfg.RuntimeParams["application_name"] = "outbox-cdc"
+		cfg.RuntimeParams["application_name"] = application
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -339,6 +349,8 @@ type SlotState struct {
 	WALStatus string
 	// ConfirmedFlush is confirmed_flush_lsn.
 	ConfirmedFlush LSN
+	// LagBytes is pg_current_wal_lsn() minus confirmed_flush_lsn: the WAL the slot has not released.
+	LagBytes int64
 	// ResyncMarker is true while the marker of an unfinished resync of the slot exists, and
 	// ResyncRunning while a resync process holds the slot's resync lock.
 	ResyncMarker, ResyncRunning bool
@@ -353,9 +365,10 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 	var pid *int
 	var walStatus, confirmed *string
 	err := c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status, s.confirmed_flush_lsn::text,
+		coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0),
 		EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
 		FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, ResyncMarker(slot)).
-		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &s.ResyncMarker)
+		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &s.LagBytes, &s.ResyncMarker)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, ResyncMarker(slot)).Scan(&s.ResyncMarker); err != nil {
 			return s, fmt.Errorf("look up resync marker of slot %q: %w", slot, err)
