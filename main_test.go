@@ -410,3 +410,44 @@ func TestNoPasswordInOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestSilentConnectionIsNotReportedHealthy: with every connection to PostgreSQL black-holed (the
+// peer goes silent, no FIN), /readyz must stop answering 200 within the receive timeout, the role must
+// leave active, and the slot monitor must count its failure instead of keeping its last good value;
+// the router then replaces its connections and is ready again.
+func TestSilentConnectionIsNotReportedHealthy(t *testing.T) {
+	f := testenv.NewFixture(t)
+	pgHost := strings.Split(strings.SplitN(f.PostgresURL, "@", 2)[1], "/")[0]
+	proxy := testenv.NewProxy(t, pgHost)
+	addr := freeAddr(t)
+	env := append(routerEnv(f), "OUTBOX_CDC_POSTGRES="+testenv.ProxyURL(t, proxy, f.PostgresURL), "OUTBOX_CDC_METRICS_ADDR="+addr,
+		"OUTBOX_CDC_STATUS_INTERVAL=1s", "OUTBOX_CDC_RECEIVE_TIMEOUT=4s")
+	r := startRouter(t, env)
+	r.waitLog(t, "streaming", 60*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := httpGet(t, addr, "/readyz"); return code == 200 })
+	if n := proxy.BlackHole(); n == 0 {
+		t.Fatal("no connection went through the proxy")
+	}
+	holed := time.Now()
+	var body string
+	testenv.WaitFor(t, 15*time.Second, "/readyz to stop answering 200", func() bool {
+		var code int
+		code, body = httpGet(t, addr, "/readyz")
+		return code != 200
+	})
+	noticed := time.Since(holed)
+	_, metrics := httpGet(t, addr, "/metrics")
+	if !strings.Contains(metrics, `outbox_cdc_role{role="active"} 0`) {
+		t.Errorf("role still active after the connection went silent")
+	}
+	testenv.WaitFor(t, 20*time.Second, "the slot monitor to count its failure", func() bool {
+		_, m := httpGet(t, addr, "/metrics")
+		return !strings.Contains(m, "outbox_cdc_slot_monitor_errors_total 0")
+	})
+	testenv.WaitFor(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := httpGet(t, addr, "/readyz"); return code == 200 })
+	t.Logf("/readyz said %q %s after the black hole (receive timeout 4s); ready again after %s",
+		strings.TrimSpace(body), noticed.Round(100*time.Millisecond), time.Since(holed).Round(100*time.Millisecond))
+	if noticed > 8*time.Second {
+		t.Errorf("took %s to stop reporting ready", noticed)
+	}
+}

@@ -38,6 +38,14 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
 }
 
+// testLoggerTo logs to w (and to the test output with -v).
+func testLoggerTo(t testing.TB, w io.Writer) *slog.Logger {
+	if testing.Verbose() {
+		w = io.MultiWriter(w, os.Stderr)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
+}
+
 // running is a pipeline running in the background of a test.
 type running struct {
 	p    *Pipeline

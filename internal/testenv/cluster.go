@@ -8,12 +8,41 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TempCluster starts a throw-away PostgreSQL 15 cluster with the given postgresql.conf lines (for
 // example "wal_level = replica") on a free loopback port, stops it when the test ends, and returns a
 // superuser URL. As root it runs the server as the postgres user, which it must be.
 func TempCluster(t testing.TB, settings ...string) string {
+	t.Helper()
+	return NewCluster(t, settings...).URL
+}
+
+// Cluster is a throw-away PostgreSQL cluster of a test.
+type Cluster struct {
+	// URL is a superuser URL.
+	URL   string
+	pgCtl func(args ...string) *exec.Cmd
+	data  string
+}
+
+// Restart restarts the cluster with pg_ctl -m mode (fast, immediate) and returns how long the
+// shutdown and start took; it fails the test if that exceeds timeout.
+func (c *Cluster) Restart(t testing.TB, mode string, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	out, err := c.pgCtl("-D", c.data, "-m", mode, "-w", "-t", fmt.Sprint(int(timeout.Seconds())), "-l", filepath.Join(c.data, "server.log"), "restart").CombinedOutput()
+	took := time.Since(start)
+	if err != nil {
+		_ = c.pgCtl("-D", c.data, "-l", filepath.Join(c.data, "server.log"), "-w", "start").Run()
+		t.Fatalf("pg_ctl restart -m %s did not complete within %s: %v\n%s", mode, timeout, err, out)
+	}
+	return took
+}
+
+// NewCluster is TempCluster, returning the cluster.
+func NewCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
 	requireIntegration(t)
 	bin := os.Getenv("PG_BIN")
@@ -62,5 +91,9 @@ func TempCluster(t testing.TB, settings ...string) string {
 	t.Cleanup(func() {
 		_ = asPG(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop").Run()
 	})
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", port)
+	return &Cluster{
+		URL:   fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", port),
+		pgCtl: func(args ...string) *exec.Cmd { return asPG(filepath.Join(bin, "pg_ctl"), args...) },
+		data:  data,
+	}
 }

@@ -1,0 +1,224 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// syncBuffer is a log sink tests can read while the pipeline writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// privateCluster starts a throw-away PostgreSQL with the recommended outbox and returns a
+// configuration for it (superuser, topics under a prefix of its own): for tests that restart the
+// server.
+func privateCluster(t *testing.T, f *testenv.Fixture) (*testenv.Cluster, config.Config) {
+	t.Helper()
+	cluster := testenv.NewCluster(t, "wal_level = logical")
+	db, err := pgx.Connect(context.Background(), cluster.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	script, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "sql", "outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(context.Background(), string(script)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(f)
+	cfg.Postgres.URL = cluster.URL
+	cfg.Postgres.Table, cfg.Postgres.Slot, cfg.Postgres.Publication = "public.outbox", "outbox_cdc", "outbox_cdc"
+	return cluster, cfg
+}
+
+func insertOn(t *testing.T, url string, evs []testenv.Event) {
+	t.Helper()
+	db, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	if err := testenv.InsertTx(context.Background(), db, "public.outbox", evs, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func slotActive(t *testing.T, url string) bool {
+	t.Helper()
+	db, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		return true // unknown counts as not released
+	}
+	defer db.Close(context.Background())
+	var active bool
+	_ = db.QueryRow(context.Background(), "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'").Scan(&active)
+	return active
+}
+
+// TestFastShutdownIsNotHeldWhileKafkaIsDown: with Kafka stopped and records in flight, a fast
+// restart of PostgreSQL completes in its normal time (the walsender waits at shutdown for its client
+// to confirm everything it sent; the router lets go instead); while Kafka stays away the router
+// holds no replication connection (kafka.ack_timeout), and once it is back everything is delivered.
+func TestFastShutdownIsNotHeldWhileKafkaIsDown(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cluster, cfg := privateCluster(t, f)
+	// Longer than the restart may take: the restart must not wait for it.
+	cfg.Kafka.AckTimeout = 15 * time.Second
+	run := startPipeline(t, cfg)
+	gen := testenv.NewGenerator(2, "Held")
+	want := []testenv.Event{gen.Event(0), gen.Event(1)}
+	insertOn(t, cluster.URL, want)
+	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Held"), len(want), time.Minute)
+
+	testenv.StopKafka(t)
+	more := []testenv.Event{gen.Event(0), gen.Event(1)}
+	insertOn(t, cluster.URL, more)
+	want = append(want, more...)
+	testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool { return run.p.Router.InFlightRecords.Load() > 0 })
+	took := cluster.Restart(t, "fast", 60*time.Second)
+	t.Logf("pg_ctl restart -m fast with Kafka down and records in flight took %s", took.Round(10*time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("the fast restart took %s: the router held the server", took)
+	}
+
+	// Kafka stays away: no session is opened, and none is held.
+	more = []testenv.Event{gen.Event(0)}
+	insertOn(t, cluster.URL, more)
+	want = append(want, more...)
+	time.Sleep(cfg.Kafka.AckTimeout + 3*time.Second)
+	if slotActive(t, cluster.URL) || run.p.State() == StateStreaming || run.p.Snapshot().Ready {
+		t.Fatalf("with Kafka away the router holds the slot (state %s)", run.p.State())
+	}
+	testenv.StartKafka(t)
+	testenv.WaitFor(t, time.Minute, "streaming after Kafka's return", func() bool { return run.p.Snapshot().Ready })
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Held"), len(want), 2*time.Minute)
+	testenv.VerifyDelivery(t, f, want, got)
+}
+
+// TestKafkaStallReleasesTheSlot: when Kafka acknowledges nothing for kafka.ack_timeout while records
+// wait, the router lets go of the replication connection (the slot turns inactive, /readyz says not
+// ready), and takes it again once Kafka answers, losing nothing.
+func TestKafkaStallReleasesTheSlot(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Kafka.AckTimeout = 3 * time.Second
+	run := startPipeline(t, cfg)
+	gen := testenv.NewGenerator(3, "Stalled")
+	want := []testenv.Event{gen.Event(0)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, want, true); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Stalled"), 1, time.Minute)
+	testenv.StopKafka(t)
+	more := []testenv.Event{gen.Event(1), gen.Event(2)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, more, true); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, more...)
+	stalled := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "the slot released", func() bool {
+		var active bool
+		_ = f.DB.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.Slot).Scan(&active)
+		return !active
+	})
+	t.Logf("slot released %s after Kafka stopped (kafka.ack_timeout %s)", time.Since(stalled).Round(100*time.Millisecond), cfg.Kafka.AckTimeout)
+	if s := run.p.Snapshot(); s.Ready {
+		t.Fatalf("ready while Kafka is away and the slot released: %+v", s.NotReady)
+	}
+	testenv.StartKafka(t)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Stalled"), len(want), 2*time.Minute)
+	testenv.VerifyDelivery(t, f, want, got)
+}
+
+// TestBackoffResetsAfterProgress: the walsender is terminated eight times, each after a couple of
+// seconds of healthy streaming under load. Each failure is a new one: the router must be back within
+// the first backoff step every time, not waiting longer and longer.
+func TestBackoffResetsAfterProgress(t *testing.T) {
+	f := testenv.NewFixture(t)
+	run := startPipeline(t, testConfig(f))
+	writer := testenv.StartWriter(t, f, testenv.NewGenerator(10, "Bounced"), 2, 5*time.Millisecond, true)
+	admin, err := pgx.Connect(context.Background(), f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	var waits []time.Duration
+	for i := 0; i < 8; i++ {
+		time.Sleep(2 * time.Second)
+		if _, err := admin.Exec(context.Background(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", f.Slot); err != nil {
+			t.Fatal(err)
+		}
+		cut := time.Now()
+		testenv.WaitFor(t, 30*time.Second, "the session to end", func() bool { return run.p.State() != StateStreaming })
+		testenv.WaitFor(t, 60*time.Second, "streaming again", func() bool { return run.p.State() == StateStreaming })
+		waits = append(waits, time.Since(cut))
+	}
+	want, err := writer.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("back to streaming after each termination: %v", waits)
+	for i, w := range waits {
+		if w > 3*time.Second {
+			t.Errorf("termination %d: back after %s; the backoff grew across unrelated failures", i+1, w.Round(10*time.Millisecond))
+		}
+	}
+	testenv.VerifyDelivery(t, f, want, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Bounced"), len(want), 2*time.Minute))
+}
+
+// TestStartWhileKafkaIsDown: a router started while Kafka is down asks Kafka first: it opens no
+// replication session (the slot is not even created) and says it cannot start, not that it replays.
+func TestStartWhileKafkaIsDown(t *testing.T) {
+	f := testenv.NewFixture(t)
+	testenv.StopKafka(t)
+	var logs syncBuffer
+	p, err := New(testConfig(f), testLoggerTo(t, &logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runInBackground(t, p)
+	deadline := time.Now().Add(6 * time.Second)
+	for time.Now().Before(deadline) {
+		if f.ConfirmedFlushLSN(t) != "" {
+			t.Fatal("the slot was created while Kafka was down: a replication session was opened")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out := logs.String(); !strings.Contains(out, "cannot start a session") || strings.Contains(out, "replaying from the slot") {
+		t.Fatalf("log while Kafka is down:\n%s", out)
+	}
+	testenv.StartKafka(t)
+	testenv.WaitFor(t, 2*time.Minute, "streaming once Kafka is back", func() bool { return p.State() == StateStreaming })
+	evs := []testenv.Event{testenv.NewGenerator(1, "Late").Event(0)}
+	if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, true); err != nil {
+		t.Fatal(err)
+	}
+	testenv.VerifyDelivery(t, f, evs, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Late"), 1, time.Minute))
+}
