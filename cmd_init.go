@@ -130,18 +130,23 @@ func runInit(ctx context.Context, w io.Writer, cfg config.Config, createTable, d
 		f.Slots, f.MaxSlots, f.Senders, f.MaxSenders)
 
 	qualified := pgx.Identifier{schema, table}.Sanitize()
-	var stmts []string
+	// Each statement takes its values as parameters (printed beside it in a dry run).
+	type statement struct {
+		sql  string
+		args []any
+	}
+	var stmts []statement
 	if !f.TableExists {
 		if !createTable {
 			return fmt.Errorf("outbox table %s does not exist: pass --create-table, or apply sql/outbox.sql", cfg.Postgres.Table)
 		}
-		stmts = append(stmts, tableDDL(qualified))
+		stmts = append(stmts, statement{sql: tableDDL(qualified)})
 	}
 	if !f.PublicationExists {
-		stmts = append(stmts, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", pgx.Identifier{cfg.Postgres.Publication}.Sanitize(), qualified))
+		stmts = append(stmts, statement{sql: replication.CreatePublicationSQL(replication.Outbox{Schema: schema, Table: table, Publication: cfg.Postgres.Publication})})
 	}
 	if !f.SlotExists {
-		stmts = append(stmts, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", cfg.Postgres.Slot))
+		stmts = append(stmts, statement{sql: "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", args: []any{cfg.Postgres.Slot}})
 	}
 	topics := knownTopics(cfg)
 	if dryRun {
@@ -150,16 +155,20 @@ func runInit(ctx context.Context, w io.Writer, cfg config.Config, createTable, d
 			fmt.Fprintln(w, "  (none: table, publication and slot exist)")
 		}
 		for _, s := range stmts {
-			fmt.Fprintf(w, "  %s;\n", strings.TrimSpace(s))
+			fmt.Fprintf(w, "  %s;", strings.TrimSpace(s.sql))
+			if len(s.args) > 0 {
+				fmt.Fprintf(w, "  -- with $1 = %q", s.args[0])
+			}
+			fmt.Fprintln(w)
 		}
 		fmt.Fprintf(w, "Kafka topics it would create if missing (%d partitions): %s\n", cfg.Kafka.TopicPartitions, orNone(topics))
 		return nil
 	}
 	for _, s := range stmts {
-		if _, err := db.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", firstLine(s), err)
+		if _, err := db.Exec(ctx, s.sql, s.args...); err != nil {
+			return fmt.Errorf("%s: %w", firstLine(s.sql), err)
 		}
-		fmt.Fprintf(w, "done %s\n", firstLine(s))
+		fmt.Fprintf(w, "done %s\n", firstLine(s.sql))
 	}
 	if len(stmts) == 0 {
 		fmt.Fprintf(w, "ok   table %s, publication %s and slot %s exist\n", cfg.Postgres.Table, cfg.Postgres.Publication, cfg.Postgres.Slot)

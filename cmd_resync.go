@@ -33,8 +33,8 @@ Use it to start on an outbox table that already holds rows, to recover after the
 lost (wal_status 'lost'), or to replay retained rows (a new consumer, a lost topic). Only rows still
 in the table can be replayed: rows deleted in their own transaction are gone.
 
-Snapshot rows are published in the order created_at, aggregate_version, physical position: this
-keeps per-aggregate order for rows written by serialized transactions. Memory stays bounded for a
+Snapshot rows are published in the order aggregate_id, aggregate_version, created_at, physical
+position: each key receives its events in version order. Memory stays bounded for a
 table of any size (a server-side cursor, and the in-flight caps).
 
 An existing slot is dropped only with --yes or after a confirmation on a terminal. A slot held by a

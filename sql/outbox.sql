@@ -13,10 +13,11 @@ CREATE TABLE IF NOT EXISTS public.outbox (
 );
 
 -- Inserts only: outbox-cdc ignores updates and deletes, so applications may delete what they insert.
+-- Via the partition root: a partitioned outbox's rows then arrive under its own name.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_publication WHERE pubname = 'outbox_cdc') THEN
-        CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert');
+        CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true);
     END IF;
 END $$;
 

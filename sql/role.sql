@@ -12,4 +12,4 @@ GRANT SELECT ON public.outbox TO outbox_cdc;
 -- The router's role then cannot create the publication (that needs ownership of the table): create
 -- it once as an administrator, with `outbox-cdc init` run as one or by hand, and run the router with
 -- postgres.create_publication: false. The slot needs only REPLICATION, which the role has.
---   CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert');
+--   CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true);
