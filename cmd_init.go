@@ -181,7 +181,7 @@ func readFacts(ctx context.Context, db *pgx.Conn, cfg config.Config, schema, tab
 	var maxSlots, maxSenders string
 	err := db.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_replication_slots'), current_setting('max_wal_senders'),
 		(SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_stat_replication),
-		(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+		`+replication.MayReplicateSQL+`,
 		EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1),
 		EXISTS (SELECT FROM pg_publication WHERE pubname = $2)`, cfg.Postgres.Slot, cfg.Postgres.Publication).
 		Scan(&f.WALLevel, &maxSlots, &maxSenders, &f.Slots, &f.Senders, &f.Replication, &f.SlotExists, &f.PublicationExists)

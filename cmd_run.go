@@ -29,7 +29,7 @@ in-flight acknowledgements, confirms them and exits 0.
 Environment variables:
 ` + config.EnvReference(),
 		Example: `  # Local services from "make up":
-  outbox-cdc run --postgres postgres://outbox:outbox@127.0.0.1:55432/outbox --brokers 127.0.0.1:59092
+  outbox-cdc run --postgres postgres://outbox:outbox-dev-secret@127.0.0.1:55432/outbox --brokers 127.0.0.1:59092
 
   # Route every event of an aggregate type to one topic, with a dead-letter topic:
   outbox-cdc run --config outbox-cdc.yaml --topic 'outbox.{aggregate_type}' --dlq-topic outbox.dlq`,

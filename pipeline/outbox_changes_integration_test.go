@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,19 @@ func runInBackground(t *testing.T, p *Pipeline) <-chan error {
 	return done
 }
 
+// runUntilStreaming starts a pipeline for cfg in the background, waits until it streams, and returns
+// it with the channel that yields Run's result.
+func runUntilStreaming(t *testing.T, cfg config.Config) (*Pipeline, <-chan error) {
+	t.Helper()
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := runInBackground(t, p)
+	testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+	return p, done
+}
+
 // currentLSN returns pg_current_wal_lsn().
 func currentLSN(t *testing.T, f *testenv.Fixture) string {
 	t.Helper()
@@ -46,9 +60,9 @@ func currentLSN(t *testing.T, f *testenv.Fixture) string {
 	return lsn
 }
 
-// busyOtherTable writes about 5 MB to another table, so that keepalives carry a WAL end far past
-// the outbox's last change: an idle confirm would pass it.
-func busyOtherTable(t *testing.T, f *testenv.Fixture) {
+// busyOtherTable writes about mb megabytes to another table, so that keepalives carry a WAL end far
+// past the outbox's last change: an idle confirm would pass it.
+func busyOtherTable(t *testing.T, f *testenv.Fixture, mb int) {
 	t.Helper()
 	ctx := context.Background()
 	other := strings.Replace(f.Table, "ob_", "busy_", 1)
@@ -56,7 +70,7 @@ func busyOtherTable(t *testing.T, f *testenv.Fixture) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+other) })
-	for i := 0; i < 5; i++ {
+	for i := 0; i < mb; i++ { // about 1 MB a transaction
 		if _, err := f.DB.Exec(ctx, "INSERT INTO "+other+" (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 1000) g"); err != nil {
 			t.Fatal(err)
 		}
@@ -175,12 +189,7 @@ func TestSchemaDriftStopsBeforeTheSlotMoves(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := testenv.NewFixture(t)
-			p, err := New(testConfig(f), testLogger(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := runInBackground(t, p)
-			testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+			_, done := runUntilStreaming(t, testConfig(f))
 			gen := testenv.NewGenerator(3, "Drift")
 			before := []testenv.Event{gen.Event(0), gen.Event(1)}
 			if err := testenv.InsertTx(context.Background(), f.DB, f.Table, before, false); err != nil {
@@ -236,12 +245,7 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := testenv.NewFixture(t)
-			p, err := New(testConfig(f), testLogger(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := runInBackground(t, p)
-			testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+			p, done := runUntilStreaming(t, testConfig(f))
 			if _, err := f.DB.Exec(context.Background(), fmt.Sprintf(tt.ddl, f.Table, f.Publication)); err != nil {
 				t.Fatal(err)
 			}
@@ -250,7 +254,7 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 			if err := testenv.InsertTx(context.Background(), f.DB, f.Table, []testenv.Event{gen.Event(0)}, false); err != nil {
 				t.Fatal(err)
 			}
-			busyOtherTable(t, f)
+			busyOtherTable(t, f, 5)
 			select {
 			case err := <-done:
 				if !errors.Is(err, replication.ErrOutboxChanged) || !strings.Contains(err.Error(), "resync") {
@@ -317,7 +321,12 @@ func TestSetupErrorsStopWithTheFix(t *testing.T) {
 			role := "norepl_" + strings.TrimPrefix(f.Slot, "slot_")
 			adminExec(t, admin, "CREATE ROLE "+role+" LOGIN PASSWORD 'norepl'")
 			t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
-			cfg.Postgres.URL = strings.Replace(f.PostgresURL, "outbox:outbox@", role+":norepl@", 1)
+			u, err := url.Parse(f.PostgresURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.User = url.UserPassword(role, "norepl")
+			cfg.Postgres.URL = u.String()
 		}, "REPLICATION"},
 		{"unlogged outbox", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
 			adminExec(t, admin, "DROP PUBLICATION "+f.Publication)

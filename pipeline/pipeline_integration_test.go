@@ -118,18 +118,7 @@ func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
 	f := testenv.NewFixture(t)
 	startPipeline(t, testConfig(f))
 	ctx := context.Background()
-
-	other := strings.Replace(f.Table, "ob_", "busy_", 1)
-	if _, err := f.DB.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, filler text)"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+other) })
-	// 50 transactions of about 1 MB each.
-	for i := 0; i < 50; i++ {
-		if _, err := f.DB.Exec(ctx, "INSERT INTO "+other+" (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 1000) g"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	busyOtherTable(t, f, 50)
 	var target string
 	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
 		t.Fatal(err)

@@ -116,14 +116,14 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	var replication bool
 	var version int
 	if err := c.conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
-		(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)`).Scan(&walLevel, &version, &replication); err != nil {
+		`+MayReplicateSQL).Scan(&walLevel, &version, &replication); err != nil {
 		return res, fmt.Errorf("read server settings: %w", err)
 	}
 	if walLevel != "logical" {
 		return res, fmt.Errorf("%w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, walLevel)
 	}
 	if !replication {
-		return res, fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser), or use the role from sql/role.sql", ErrNotSetUp)
+		return res, fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql", ErrNotSetUp)
 	}
 	table, err := c.table(ctx, o.Outbox)
 	if err != nil {
@@ -177,6 +177,12 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	res.Slot = slot
 	return res, slot.usable(o.Slot)
 }
+
+// MayReplicateSQL is a scalar subquery that is true when the current role may stream logical
+// replication: it has REPLICATION, is a superuser, or is a member of rds_replication (Amazon RDS and
+// Aurora grant the right through that role, leaving the attribute false).
+const MayReplicateSQL = `(SELECT r.rolreplication OR r.rolsuper OR EXISTS (SELECT FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(current_user, g.oid, 'member'))
+		FROM pg_roles r WHERE r.rolname = current_user)`
 
 // tableFacts are the outbox table's catalog entry.
 type tableFacts struct {

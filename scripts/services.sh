@@ -91,8 +91,10 @@ HBA
   as_pg psql -h "$data" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -q <<'SQL'
 DO $$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox') THEN
-    CREATE ROLE outbox LOGIN REPLICATION PASSWORD 'outbox';
+    CREATE ROLE outbox LOGIN REPLICATION;
   END IF;
+  -- Not a dictionary word: logs mask the password wherever it stands on its own.
+  ALTER ROLE outbox PASSWORD 'outbox-dev-secret';
 END $$;
 SELECT 'CREATE DATABASE outbox OWNER outbox' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'outbox')\gexec
 SQL
@@ -236,7 +238,7 @@ kafka_down() {
 write_env() {
   cat > "$DEV/env" <<ENV
 # Written by scripts/services.sh: the local services. Source it, or let outbox-cdc and the tests read it.
-OUTBOX_CDC_POSTGRES=postgres://outbox:outbox@127.0.0.1:$PG_PORT/outbox
+OUTBOX_CDC_POSTGRES=postgres://outbox:outbox-dev-secret@127.0.0.1:$PG_PORT/outbox
 OUTBOX_CDC_BROKERS=127.0.0.1:$KAFKA_PORT
 OUTBOX_CDC_TEST_ADMIN_POSTGRES=postgres://postgres:postgres@127.0.0.1:$PG_PORT/outbox
 OUTBOX_CDC_TEST_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
