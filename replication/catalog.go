@@ -269,7 +269,7 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts,
 		}
 	}
 	if filter != nil {
-		warnings = append(warnings, fmt.Sprintf("publication %q filters the outbox's rows (WHERE %s): rows it leaves out are never delivered", o.Outbox.Publication, *filter))
+		warnings = append(warnings, fmt.Sprintf("publication %q has a row filter on the outbox, %s: rows it leaves out are never delivered", o.Outbox.Publication, *filter))
 	}
 	return false, warnings, nil
 }
