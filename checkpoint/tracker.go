@@ -18,6 +18,19 @@ type LSN uint64
 // String formats the LSN the way PostgreSQL does (for example 16/B374D848).
 func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
 
+// MarshalText formats the LSN as String does (JSON reports show 16/B374D848, as PostgreSQL does).
+func (l LSN) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// UnmarshalText parses the form String writes.
+func (l *LSN) UnmarshalText(text []byte) error {
+	var hi, lo uint32
+	if _, err := fmt.Sscanf(string(text), "%X/%X", &hi, &lo); err != nil {
+		return fmt.Errorf("parse LSN %q: %w", text, err)
+	}
+	*l = LSN(uint64(hi)<<32 | uint64(lo))
+	return nil
+}
+
 // Tx is one transaction as seen by the tracker. It is created by Tracker.Begin and must only be
 // used with the tracker that created it.
 type Tx struct {

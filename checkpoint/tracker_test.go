@@ -141,6 +141,13 @@ func TestLSNString(t *testing.T) {
 	if got := LSN(0x16B374D848).String(); got != "16/B374D848" {
 		t.Fatalf("got %s", got)
 	}
+	var back LSN
+	if err := back.UnmarshalText([]byte("16/B374D848")); err != nil || back != 0x16B374D848 {
+		t.Fatalf("round trip: %s, %v", back, err)
+	}
+	if err := back.UnmarshalText([]byte("nonsense")); err == nil {
+		t.Fatal("parsed nonsense")
+	}
 }
 
 func BenchmarkTrackerRoundTrip(b *testing.B) {

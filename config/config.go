@@ -11,15 +11,12 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
-
-	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // Config is the whole configuration of the daemon. The yaml tags are the keys of the config file; the
@@ -332,22 +329,7 @@ func (c *Config) Validate() error {
 	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")
 	}
-	for et, topic := range c.Routing.Topics {
-		if !router.ValidTopic(topic) {
-			bad("routing.topics."+et, "%q is not a valid Kafka topic name", topic)
-		}
-	}
-	if c.Routing.FallbackTopic != "" && !router.ValidTopic(c.Routing.FallbackTopic) {
-		bad("routing.fallback_topic", "%q is not a valid Kafka topic name", c.Routing.FallbackTopic)
-	}
-	if c.Routing.DLQTopic != "" && !router.ValidTopic(c.Routing.DLQTopic) {
-		bad("routing.dlq_topic", "%q is not a valid Kafka topic name", c.Routing.DLQTopic)
-	}
-	for _, pattern := range c.Routing.AllowedTopics {
-		if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
-			bad("routing.allowed_topics", "%q is not a glob pattern (*, ?, [...])", pattern)
-		}
-	}
+	// Topic names and patterns are Kafka's business: router.NewRules checks them, naming the key.
 	if c.Limits.MaxInFlightRecords < 1 {
 		bad("limits.max_inflight_records", "must be at least 1, got %d", c.Limits.MaxInFlightRecords)
 	}
@@ -432,13 +414,4 @@ func (c *Config) PostgresTarget() string {
 		return "(unparsable postgres.url)"
 	}
 	return fmt.Sprintf("%s@%s:%d/%s", pc.User, pc.Host, pc.Port, pc.Database)
-}
-
-// KafkaSecurity returns the Kafka TLS and SASL settings in the router's terms.
-func (c *Config) KafkaSecurity() router.Security {
-	return router.Security{
-		TLS: c.Kafka.TLS.Enabled, CAFile: c.Kafka.TLS.CAFile, CertFile: c.Kafka.TLS.CertFile, KeyFile: c.Kafka.TLS.KeyFile,
-		InsecureSkipVerify: c.Kafka.TLS.InsecureSkipVerify,
-		SASLMechanism:      c.Kafka.SASL.Mechanism, SASLUser: c.Kafka.SASL.Username, SASLPassword: c.Kafka.SASL.Password,
-	}
 }

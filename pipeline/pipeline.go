@@ -74,23 +74,15 @@ func (p *Pipeline) State() State { return State(p.state.Load()) }
 
 // New validates what the configuration cannot check alone (the routing rules) and returns a pipeline.
 func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error) {
-	rules, err := router.NewRules(cfg.Routing.Topic, cfg.Routing.Topics, cfg.Routing.FallbackTopic, cfg.Routing.AllowedTopics, columns(cfg))
+	rules, err := router.NewRules(cfg.Routing, cfg.Postgres.Columns)
 	if err != nil {
-		return nil, fmt.Errorf("routing: %w", err)
+		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
 	p := &Pipeline{cfg: cfg, log: log, rules: rules}
 	for _, o := range opts {
 		o(p)
 	}
 	return p, nil
-}
-
-func columns(cfg config.Config) router.Columns {
-	c := cfg.Postgres.Columns
-	return router.Columns{
-		EventID: c.EventID, EventType: c.EventType, AggregateType: c.AggregateType, AggregateID: c.AggregateID,
-		AggregateVersion: c.AggregateVersion, Payload: c.Payload, Headers: c.Headers, CreatedAt: c.CreatedAt,
-	}
 }
 
 // columnRoles are the columns the router reads, checked at set-up against the table and on every
@@ -494,12 +486,8 @@ func (v *verifier) close() {
 func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	cfg := p.cfg
 	rt, err := router.New(router.Options{
-		Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, Security: cfg.KafkaSecurity(), Rules: p.rules, Columns: columns(cfg),
-		DLQTopic: cfg.Routing.DLQTopic, CreateTopics: cfg.Kafka.CreateTopics,
-		TopicPartitions: cfg.Kafka.TopicPartitions, TopicReplicationFactor: cfg.Kafka.TopicReplicationFactor,
-		MaxMessageBytes: cfg.Kafka.MaxMessageBytes, MaxInFlightRecords: cfg.Limits.MaxInFlightRecords,
-		MaxInFlightBytes: cfg.Limits.MaxInFlightBytes, Linger: cfg.Kafka.Linger, Logger: p.log, Counters: &p.Router,
-		Observer: p.observer, IsolateUntil: p.isolateUntil,
+		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
+		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer,
 	})
 	if err != nil {
 		return nil, &kafkaError{err}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
@@ -181,10 +182,10 @@ func TestPoisonRowGoesToDLQ(t *testing.T) {
 	if id := testenv.Header(d, "event_id"); id != poison.ID {
 		t.Errorf("dead-letter record is event %s, want %s", id, poison.ID)
 	}
-	if reason := testenv.Header(d, router.HeaderDLQReason); !strings.Contains(reason, "max_message_bytes") {
+	if reason := testenv.Header(d, outbox.HeaderDLQReason); !strings.Contains(reason, "max_message_bytes") {
 		t.Errorf("dead-letter reason %q does not name the size limit", reason)
 	}
-	if testenv.Header(d, router.HeaderDLQSourceLSN) == "" || testenv.Header(d, router.HeaderDLQTime) == "" {
+	if testenv.Header(d, outbox.HeaderDLQSourceLSN) == "" || testenv.Header(d, outbox.HeaderDLQTime) == "" {
 		t.Errorf("dead-letter record lacks source LSN or time headers: %v", d.Headers)
 	}
 	if string(d.Key) != poison.AggID {
@@ -372,7 +373,7 @@ func TestTopicMaxMessageBytesIsRespected(t *testing.T) {
 	if len(dlq) != 1 || testenv.Header(dlq[0], "event_id") != big.ID {
 		t.Fatalf("dead-letter topic holds %d records, want the big event", len(dlq))
 	}
-	if reason := testenv.Header(dlq[0], router.HeaderDLQReason); !strings.Contains(reason, "max.message.bytes of topic "+topic) {
+	if reason := testenv.Header(dlq[0], outbox.HeaderDLQReason); !strings.Contains(reason, "max.message.bytes of topic "+topic) {
 		t.Errorf("reason %q does not name the topic's limit", reason)
 	}
 }
@@ -495,5 +496,5 @@ func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
 		}
 		t.Fatalf("dead-letter topic holds %v, want only the big event %s", ids, big.ID)
 	}
-	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], router.HeaderDLQReason), run.p.Snapshot().Restarts)
+	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], outbox.HeaderDLQReason), run.p.Snapshot().Restarts)
 }

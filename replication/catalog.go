@@ -17,7 +17,8 @@ import (
 // resync's marker and lock. Every value travels as a query parameter; identifiers are quoted by pgx.
 // It is not safe for concurrent use.
 type Catalog struct {
-	conn *pgx.Conn
+	conn    *pgx.Conn
+	version int // server_version_num, once read
 }
 
 // OpenCatalog connects to the database at url for catalog work.
@@ -159,16 +160,8 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		if !o.CreateSlot {
 			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
 		}
-		_, err := c.conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, o.Slot)
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-			res.CreatedSlot = true
-		case errors.As(err, &pgErr) && pgErr.Code == "42710": // created meanwhile by another instance
-		case isPrivilegeError(err):
-			return res, fmt.Errorf("%w: create replication slot %q: %w", ErrNotSetUp, o.Slot, err)
-		default:
-			return res, fmt.Errorf("create replication slot %q: %w", o.Slot, err)
+		if res.CreatedSlot, err = c.CreateSlot(ctx, o.Slot); err != nil {
+			return res, err
 		}
 		if slot, err = c.Slot(ctx, o.Slot); err != nil {
 			return res, err
@@ -227,11 +220,8 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts,
 		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			ErrNotSetUp, o.Outbox.Publication, pub, o.Outbox.qualified())
 	case errors.Is(err, pgx.ErrNoRows):
-		if _, err := c.conn.Exec(ctx, CreatePublicationSQL(o.Outbox)); err != nil {
-			if isPrivilegeError(err) {
-				return false, nil, fmt.Errorf("%w: create publication %q: %w", ErrNotSetUp, o.Outbox.Publication, err)
-			}
-			return false, nil, fmt.Errorf("create publication %q: %w", o.Outbox.Publication, err)
+		if err := c.CreatePublication(ctx, o.Outbox); err != nil {
+			return false, nil, err
 		}
 		return true, nil, nil
 	case err != nil:
@@ -340,41 +330,63 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 	return v, nil
 }
 
-// SlotState is a replication slot as pg_replication_slots shows it.
+// SlotState is a replication slot as pg_replication_slots shows it: the one description of a slot
+// that set-up, the slot monitor and `status` share.
 type SlotState struct {
-	// Exists is false when there is no such slot; the other fields are then zero.
-	Exists bool
+	// Name is the slot's name; Exists is false when there is no such slot (the other fields are then
+	// zero, except the resync marker's).
+	Name   string `json:"name"`
+	Exists bool   `json:"exists"`
 	// Database is the database a logical slot belongs to; Plugin its output plugin; Type
 	// "logical" or "physical".
-	Database, Plugin, Type string
-	// Active reports whether a walsender streams from it, and ActivePID which process.
-	Active bool
-	// ActivePID is the process streaming from it, 0 when inactive.
-	ActivePID int
+	Database string `json:"database,omitempty"`
+	Plugin   string `json:"plugin,omitempty"`
+	Type     string `json:"type,omitempty"`
+	// Active reports whether a walsender streams from it, and ActivePID which process (0 when
+	// inactive).
+	Active    bool `json:"active"`
+	ActivePID int  `json:"active_pid,omitempty"`
 	// WALStatus is reserved, extended, unreserved or lost.
-	WALStatus string
-	// ConfirmedFlush is confirmed_flush_lsn.
-	ConfirmedFlush LSN
-	// LagBytes is pg_current_wal_lsn() minus confirmed_flush_lsn: the WAL the slot has not released.
-	LagBytes int64
+	WALStatus string `json:"wal_status,omitempty"`
+	// ConfirmedFlush is confirmed_flush_lsn; RestartLSN is restart_lsn, the oldest WAL kept for it.
+	ConfirmedFlush LSN `json:"confirmed_flush_lsn"`
+	RestartLSN     LSN `json:"restart_lsn"`
+	// LagBytes is pg_current_wal_lsn() minus confirmed_flush_lsn: the WAL the slot has not released;
+	// WALHeldBytes is pg_current_wal_lsn() minus restart_lsn: the WAL kept on disk for it.
+	LagBytes     int64 `json:"lag_bytes"`
+	WALHeldBytes int64 `json:"wal_held_bytes"`
+	// InactiveSeconds is how long the slot has been inactive, from inactive_since (PostgreSQL 17 and
+	// later); -1 when unknown or active.
+	InactiveSeconds float64 `json:"inactive_seconds"`
 	// ResyncMarker is true while the marker of an unfinished resync of the slot exists, and
 	// ResyncRunning while a resync process holds the slot's resync lock.
-	ResyncMarker, ResyncRunning bool
+	ResyncMarker  bool `json:"resync_marker"`
+	ResyncRunning bool `json:"resync_running"`
 	// currentDatabase is the database of the connection that read the state.
 	currentDatabase string
 }
 
 // Slot reads the slot's state, whichever database it belongs to.
 func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
-	var s SlotState
+	s := SlotState{Name: slot, InactiveSeconds: -1}
+	version, err := c.serverVersion(ctx)
+	if err != nil {
+		return s, err
+	}
+	inactive := "-1::float8"
+	if version >= 170000 {
+		inactive = "coalesce(extract(epoch FROM now() - s.inactive_since), -1)::float8"
+	}
 	var db, plugin *string
 	var pid *int
-	var walStatus, confirmed *string
-	err := c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status, s.confirmed_flush_lsn::text,
-		coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0),
+	var walStatus, confirmed, restart *string
+	err = c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status,
+		s.confirmed_flush_lsn::text, s.restart_lsn::text,
+		coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0), `+inactive+`,
 		EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
 		FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, ResyncMarker(slot)).
-		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &s.LagBytes, &s.ResyncMarker)
+		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &restart,
+			&s.LagBytes, &s.WALHeldBytes, &s.InactiveSeconds, &s.ResyncMarker)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, ResyncMarker(slot)).Scan(&s.ResyncMarker); err != nil {
 			return s, fmt.Errorf("look up resync marker of slot %q: %w", slot, err)
@@ -384,12 +396,11 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 	} else {
 		s.Exists = true
 		s.Database, s.Plugin, s.ActivePID, s.WALStatus = deref(db), deref(plugin), deref(pid), deref(walStatus)
-		if confirmed != nil {
-			lsn, err := pglogrepl.ParseLSN(*confirmed)
-			if err != nil {
-				return s, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
-			}
-			s.ConfirmedFlush = LSN(lsn)
+		if s.ConfirmedFlush, err = parseLSN(confirmed); err != nil {
+			return s, err
+		}
+		if s.RestartLSN, err = parseLSN(restart); err != nil {
+			return s, err
 		}
 	}
 	if s.ResyncMarker {
@@ -398,6 +409,28 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 		}
 	}
 	return s, nil
+}
+
+// parseLSN parses a nullable LSN in text form (NULL is 0).
+func parseLSN(text *string) (LSN, error) {
+	if text == nil {
+		return 0, nil
+	}
+	lsn, err := pglogrepl.ParseLSN(*text)
+	if err != nil {
+		return 0, fmt.Errorf("parse LSN %q: %w", *text, err)
+	}
+	return LSN(lsn), nil
+}
+
+// serverVersion returns server_version_num, read once per connection.
+func (c *Catalog) serverVersion(ctx context.Context) (int, error) {
+	if c.version == 0 {
+		if err := c.conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&c.version); err != nil {
+			return 0, fmt.Errorf("read server_version_num: %w", err)
+		}
+	}
+	return c.version, nil
 }
 
 // usable says why the slot cannot be streamed from, or nil.

@@ -8,44 +8,20 @@ import (
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-// Header names set on every record.
-const (
-	HeaderEventID          = "event_id"
-	HeaderEventType        = "event_type"
-	HeaderAggregateType    = "aggregate_type"
-	HeaderAggregateVersion = "aggregate_version"
-	HeaderCreatedAt        = "created_at"
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
-
-// Header names set on dead-letter records, besides the original record's headers. A row's own
-// headers under the outbox.dlq. prefix are dropped, so that they can never pass for these.
-const (
-	HeaderDLQReason             = "outbox.dlq.reason"
-	HeaderDLQSourceLSN          = "outbox.dlq.source_lsn"
-	HeaderDLQTime               = "outbox.dlq.time"
-	HeaderDLQTopic              = "outbox.dlq.original_topic"
-	HeaderDLQTruncated          = "outbox.dlq.value_truncated"
-	HeaderDLQOriginalBytes      = "outbox.dlq.original_value_bytes"
-	HeaderDLQKeyTruncated       = "outbox.dlq.key_truncated"
-	HeaderDLQOriginalKeyBytes   = "outbox.dlq.original_key_bytes"
-	HeaderDLQHeadersDropped     = "outbox.dlq.headers_dropped"
-	HeaderDLQOriginalHeaderSize = "outbox.dlq.original_headers_bytes"
-)
-
-// dlqHeaderPrefix starts every dead-letter header name.
-const dlqHeaderPrefix = "outbox.dlq."
 
 var reservedHeaders = map[string]bool{
-	HeaderEventID: true, HeaderEventType: true, HeaderAggregateType: true, HeaderAggregateVersion: true, HeaderCreatedAt: true,
+	outbox.HeaderEventID: true, outbox.HeaderEventType: true, outbox.HeaderAggregateType: true, outbox.HeaderAggregateVersion: true, outbox.HeaderCreatedAt: true,
 }
 
 // buildRecord makes the record for row without its topic: key = aggregate_id, value = payload bytes
 // as stored, headers from the row's columns and every key of its headers JSON object. A row that can
 // never be a valid record returns an *Unroutable error; the record returned with it still carries
 // what could be read, for the dead-letter topic.
-func buildRecord(row Row, cols Columns) (*kgo.Record, error) {
+func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 	rec := &kgo.Record{}
 	var problem error
 	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
@@ -67,11 +43,11 @@ func buildRecord(row Row, cols Columns) (*kgo.Record, error) {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: key, Value: v})
 		}
 	}
-	add(HeaderEventID, cols.EventID)
-	add(HeaderEventType, cols.EventType)
-	add(HeaderAggregateType, cols.AggregateType)
-	add(HeaderAggregateVersion, cols.AggregateVersion)
-	add(HeaderCreatedAt, cols.CreatedAt)
+	add(outbox.HeaderEventID, cols.EventID)
+	add(outbox.HeaderEventType, cols.EventType)
+	add(outbox.HeaderAggregateType, cols.AggregateType)
+	add(outbox.HeaderAggregateVersion, cols.AggregateVersion)
+	add(outbox.HeaderCreatedAt, cols.CreatedAt)
 	if cols.Headers != "" {
 		if raw, ok := row.Value(cols.Headers); ok && len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 			extra, err := jsonHeaders(raw)
@@ -93,7 +69,7 @@ func jsonHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
-		if !reservedHeaders[k] && !strings.HasPrefix(k, dlqHeaderPrefix) {
+		if !reservedHeaders[k] && !strings.HasPrefix(k, outbox.DLQHeaderPrefix) {
 			keys = append(keys, k)
 		}
 	}

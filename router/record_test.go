@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
 func TestBuildRecord(t *testing.T) {
@@ -83,19 +85,19 @@ func TestNullPayloadIsATombstone(t *testing.T) {
 // original size, and holds copies, not prefixes of the row's buffers.
 func TestDeadLetterRecordAlwaysFits(t *testing.T) {
 	big := func(n int) []byte { return bytes.Repeat([]byte("x"), n) }
-	own := []kgo.RecordHeader{{Key: HeaderDLQReason, Value: []byte("too large")}, {Key: HeaderDLQSourceLSN, Value: []byte("0/1")}}
+	own := []kgo.RecordHeader{{Key: outbox.HeaderDLQReason, Value: []byte("too large")}, {Key: outbox.HeaderDLQSourceLSN, Value: []byte("0/1")}}
 	tests := []struct {
 		name                string
 		key, value          []byte
 		headers             []kgo.RecordHeader
 		wantMarks, wantGone []string
 	}{
-		{"fits as is", []byte("k"), []byte("v"), nil, nil, []string{HeaderDLQTruncated, HeaderDLQKeyTruncated, HeaderDLQHeadersDropped}},
-		{"large value", []byte("k"), big(50000), nil, []string{HeaderDLQTruncated, HeaderDLQOriginalBytes}, []string{HeaderDLQKeyTruncated}},
-		{"large headers", []byte("k"), []byte("v"), []kgo.RecordHeader{{Key: "trace", Value: big(40000)}}, []string{HeaderDLQHeadersDropped, HeaderDLQOriginalHeaderSize}, []string{HeaderDLQKeyTruncated}},
-		{"large key", big(40000), []byte("v"), nil, []string{HeaderDLQKeyTruncated, HeaderDLQOriginalKeyBytes}, nil},
+		{"fits as is", []byte("k"), []byte("v"), nil, nil, []string{outbox.HeaderDLQTruncated, outbox.HeaderDLQKeyTruncated, outbox.HeaderDLQHeadersDropped}},
+		{"large value", []byte("k"), big(50000), nil, []string{outbox.HeaderDLQTruncated, outbox.HeaderDLQOriginalBytes}, []string{outbox.HeaderDLQKeyTruncated}},
+		{"large headers", []byte("k"), []byte("v"), []kgo.RecordHeader{{Key: "trace", Value: big(40000)}}, []string{outbox.HeaderDLQHeadersDropped, outbox.HeaderDLQOriginalHeaderSize}, []string{outbox.HeaderDLQKeyTruncated}},
+		{"large key", big(40000), []byte("v"), nil, []string{outbox.HeaderDLQKeyTruncated, outbox.HeaderDLQOriginalKeyBytes}, nil},
 		{"everything large", big(30000), big(30000), []kgo.RecordHeader{{Key: "a", Value: big(30000)}, {Key: "b", Value: big(30000)}},
-			[]string{HeaderDLQTruncated, HeaderDLQHeadersDropped, HeaderDLQKeyTruncated}, nil},
+			[]string{outbox.HeaderDLQTruncated, outbox.HeaderDLQHeadersDropped, outbox.HeaderDLQKeyTruncated}, nil},
 	}
 	const limit = 4096
 	for _, tt := range tests {
@@ -121,7 +123,7 @@ func TestDeadLetterRecordAlwaysFits(t *testing.T) {
 					t.Errorf("marker %s set though nothing was cut", k)
 				}
 			}
-			if got := header(rec, HeaderDLQOriginalBytes); got != "" && got != strconv.Itoa(len(tt.value)) {
+			if got := header(rec, outbox.HeaderDLQOriginalBytes); got != "" && got != strconv.Itoa(len(tt.value)) {
 				t.Errorf("original value bytes %s, want %d", got, len(tt.value))
 			}
 			// The kept bytes must not alias the row's (large) buffers.

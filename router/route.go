@@ -9,6 +9,9 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
 // Row is one outbox row: the value of a column by name, false when NULL or absent.
@@ -16,15 +19,8 @@ type Row interface {
 	Value(column string) ([]byte, bool)
 }
 
-// Columns names the outbox table's columns for each role.
-type Columns struct {
-	// EventID, EventType, ... are the column names of each role; empty for an optional role that
-	// the table lacks.
-	EventID, EventType, AggregateType, AggregateID, AggregateVersion, Payload, Headers, CreatedAt string
-}
-
 // roles maps the role names usable in a topic template to their configured columns.
-func (c Columns) roles() map[string]string {
+func roles(c config.Columns) map[string]string {
 	return map[string]string{
 		"event_id": c.EventID, "event_type": c.EventType, "aggregate_type": c.AggregateType,
 		"aggregate_id": c.AggregateID, "aggregate_version": c.AggregateVersion, "created_at": c.CreatedAt,
@@ -40,7 +36,7 @@ type Rules struct {
 	topics   map[string]string
 	fallback string
 	allowed  []string
-	cols     Columns
+	cols     config.Columns
 }
 
 type templatePart struct {
@@ -50,32 +46,38 @@ type templatePart struct {
 
 var placeholderRE = regexp.MustCompile(`\{([^{}]*)\}`)
 
-// NewRules compiles the routing rules. In template, {name} is replaced by the row's value of column
-// name; the role names event_type, aggregate_type, aggregate_id, ... stand for their configured columns.
-// allowed, when not empty, lists the glob patterns (path.Match: *, ?, [...]) a template's topic must
-// match; the fallback topic and the topics map must match them too.
-func NewRules(template string, topics map[string]string, fallback string, allowed []string, cols Columns) (*Rules, error) {
+// NewRules compiles the routing section of the configuration. In the template (routing.topic),
+// {name} is replaced by the row's value of column name; the role names event_type, aggregate_type,
+// aggregate_id, ... stand for their configured columns. routing.allowed_topics, when not empty, lists
+// the glob patterns (path.Match: *, ?, [...]) a template's topic must match; the fallback topic and
+// the topics map must match them too. Every topic named in advance (map, fallback, dead-letter topic)
+// must be a valid Kafka topic name. Errors name the configuration key.
+func NewRules(routing config.Routing, cols config.Columns) (*Rules, error) {
+	template, topics, fallback, allowed := routing.Topic, routing.Topics, routing.FallbackTopic, routing.AllowedTopics
 	r := &Rules{topics: topics, fallback: fallback, allowed: allowed, cols: cols}
 	for _, pattern := range allowed {
-		if _, err := path.Match(pattern, ""); err != nil {
-			return nil, fmt.Errorf("allowed topic pattern %q: %w", pattern, err)
+		if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
+			return nil, fmt.Errorf("routing.allowed_topics: %q is not a glob pattern (*, ?, [...])", pattern)
 		}
 	}
-	if fallback != "" && !ValidTopic(fallback) {
-		return nil, fmt.Errorf("fallback topic %q is not a valid Kafka topic name", fallback)
+	if fallback != "" && !outbox.ValidTopic(fallback) {
+		return nil, fmt.Errorf("routing.fallback_topic: %q is not a valid Kafka topic name", fallback)
 	}
 	if fallback != "" && !r.Allowed(fallback) {
-		return nil, fmt.Errorf("fallback topic %q matches no allowed topic pattern", fallback)
+		return nil, fmt.Errorf("routing.fallback_topic: %q matches no pattern of routing.allowed_topics", fallback)
+	}
+	if routing.DLQTopic != "" && !outbox.ValidTopic(routing.DLQTopic) {
+		return nil, fmt.Errorf("routing.dlq_topic: %q is not a valid Kafka topic name", routing.DLQTopic)
 	}
 	for et, t := range topics {
-		if !ValidTopic(t) {
-			return nil, fmt.Errorf("topic %q for event type %q is not a valid Kafka topic name", t, et)
+		if !outbox.ValidTopic(t) {
+			return nil, fmt.Errorf("routing.topics.%s: %q is not a valid Kafka topic name", et, t)
 		}
 		if !r.Allowed(t) {
-			return nil, fmt.Errorf("topic %q for event type %q matches no allowed topic pattern", t, et)
+			return nil, fmt.Errorf("routing.topics.%s: %q matches no pattern of routing.allowed_topics", et, t)
 		}
 	}
-	roles := cols.roles()
+	roles := roles(cols)
 	last := 0
 	for _, m := range placeholderRE.FindAllStringSubmatchIndex(template, -1) {
 		if m[0] > last {
@@ -83,7 +85,7 @@ func NewRules(template string, topics map[string]string, fallback string, allowe
 		}
 		name := strings.TrimSpace(template[m[2]:m[3]])
 		if name == "" {
-			return nil, fmt.Errorf("topic template %q has an empty placeholder", template)
+			return nil, fmt.Errorf("routing.topic: template %q has an empty placeholder", template)
 		}
 		if col, ok := roles[name]; ok && col != "" {
 			name = col
@@ -93,7 +95,7 @@ func NewRules(template string, topics map[string]string, fallback string, allowe
 	}
 	if rest := template[last:]; rest != "" {
 		if strings.ContainsAny(rest, "{}") {
-			return nil, fmt.Errorf("topic template %q has an unbalanced brace", template)
+			return nil, fmt.Errorf("routing.topic: template %q has an unbalanced brace", template)
 		}
 		r.parts = append(r.parts, templatePart{literal: rest})
 	}
@@ -134,7 +136,7 @@ func (r *Rules) Topic(row Row) (string, error) {
 		b.Write(v)
 	}
 	topic := b.String()
-	if !ValidTopic(topic) {
+	if !outbox.ValidTopic(topic) {
 		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-], not starting with __, which Kafka keeps for itself)", truncate(topic, 300)))
 	}
 	if !r.Allowed(topic) {
@@ -172,15 +174,6 @@ func (r *Rules) orFallback(reason string) (string, error) {
 		return r.fallback, nil
 	}
 	return "", &Unroutable{Reason: reason}
-}
-
-var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
-// ValidTopic reports whether name is a legal Kafka topic name for records: 1 to 249 of
-// [a-zA-Z0-9._-], not "." or "..", and not starting with "__" (Kafka's internal topics, such as
-// __consumer_offsets and __transaction_state).
-func ValidTopic(name string) bool {
-	return topicRE.MatchString(name) && name != "." && name != ".." && !strings.HasPrefix(name, "__")
 }
 
 func truncate(s string, n int) string {

@@ -4,6 +4,9 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
 // mapRow is a Row backed by a map; a missing key is NULL.
@@ -17,7 +20,7 @@ func (m mapRow) Value(col string) ([]byte, bool) {
 	return []byte(v), true
 }
 
-var defaultCols = Columns{
+var defaultCols = config.Columns{
 	EventID: "event_id", EventType: "event_type", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
 	AggregateVersion: "aggregate_version", Payload: "payload", Headers: "headers", CreatedAt: "created_at",
 }
@@ -48,7 +51,7 @@ func TestRulesTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewRules(tt.template, tt.topics, tt.fallback, nil, defaultCols)
+			r, err := NewRules(config.Routing{Topic: tt.template, Topics: tt.topics, FallbackTopic: tt.fallback}, defaultCols)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +72,7 @@ func TestRulesTopic(t *testing.T) {
 func TestRulesUseConfiguredColumnNames(t *testing.T) {
 	cols := defaultCols
 	cols.EventType = "kind"
-	r, err := NewRules("{event_type}", nil, "", nil, cols)
+	r, err := NewRules(config.Routing{Topic: "{event_type}"}, cols)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +81,34 @@ func TestRulesUseConfiguredColumnNames(t *testing.T) {
 	}
 }
 
+// TestNewRulesNamesTheKey: every topic named in advance must be a valid Kafka topic name (and match
+// the allow-list), and each error names its configuration key.
+func TestNewRulesNamesTheKey(t *testing.T) {
+	tests := []struct {
+		routing config.Routing
+		key     string
+	}{
+		{config.Routing{Topic: "{event_type}", Topics: map[string]string{"X": "a b"}}, "routing.topics.X"},
+		{config.Routing{Topic: "{event_type}", DLQTopic: "no/slash"}, "routing.dlq_topic"},
+		{config.Routing{Topic: "{event_type}", FallbackTopic: "__consumer_offsets"}, "routing.fallback_topic"},
+		{config.Routing{Topic: "{event_type}", AllowedTopics: []string{"[oops"}}, "routing.allowed_topics"},
+		{config.Routing{Topic: "{event_type}", AllowedTopics: []string{"orders.*"}, FallbackTopic: "misc"}, "routing.fallback_topic"},
+		{config.Routing{Topic: "{}"}, "routing.topic"},
+	}
+	for _, tt := range tests {
+		if _, err := NewRules(tt.routing, defaultCols); err == nil || !strings.HasPrefix(err.Error(), tt.key+":") {
+			t.Errorf("%+v: error %v, want one naming %s", tt.routing, err, tt.key)
+		}
+	}
+}
+
 func TestNewRulesRejectsBadTemplates(t *testing.T) {
 	for _, tmpl := range []string{"{}", "a.{event_type", "a}b"} {
-		if _, err := NewRules(tmpl, nil, "", nil, defaultCols); err == nil {
+		if _, err := NewRules(config.Routing{Topic: tmpl}, defaultCols); err == nil {
 			t.Errorf("template %q accepted", tmpl)
 		}
 	}
-	if _, err := NewRules("{event_type}", map[string]string{"X": "bad topic"}, "", nil, defaultCols); err == nil {
+	if _, err := NewRules(config.Routing{Topic: "{event_type}", Topics: map[string]string{"X": "bad topic"}}, defaultCols); err == nil {
 		t.Error("invalid mapped topic accepted")
 	}
 }
@@ -93,7 +117,7 @@ func TestNewRulesRejectsBadTemplates(t *testing.T) {
 func TestTopicIsAlwaysValidOrUnroutable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	alphabet := []rune("abcXYZ019._-/ {}ü")
-	r, err := NewRules("pre.{event_type}.{aggregate_type}", nil, "", nil, defaultCols)
+	r, err := NewRules(config.Routing{Topic: "pre.{event_type}.{aggregate_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,22 +132,11 @@ func TestTopicIsAlwaysValidOrUnroutable(t *testing.T) {
 	for i := 0; i < 20000; i++ {
 		row := mapRow{"event_type": randStr(), "aggregate_type": randStr()}
 		topic, err := r.Topic(row)
-		if err == nil && !ValidTopic(topic) {
+		if err == nil && !outbox.ValidTopic(topic) {
 			t.Fatalf("row %v routed to invalid topic %q", row, topic)
 		}
 		if err != nil && topic != "" {
 			t.Fatalf("unroutable row returned topic %q", topic)
-		}
-	}
-}
-
-func TestValidTopic(t *testing.T) {
-	for name, want := range map[string]bool{
-		"orders": true, "a.b_c-D9": true, strings.Repeat("x", 249): true,
-		"": false, ".": false, "..": false, "a b": false, "a/b": false, strings.Repeat("x", 250): false, "ü": false,
-	} {
-		if got := ValidTopic(name); got != want {
-			t.Errorf("ValidTopic(%q) = %v, want %v", name, got, want)
 		}
 	}
 }

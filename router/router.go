@@ -16,35 +16,24 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
 // Options configure a Router.
 type Options struct {
-	// Brokers are the seed brokers.
-	Brokers []string
-	// ClientID is the Kafka client id.
-	ClientID string
-	// Security configures TLS and SASL.
-	Security Security
+	// Kafka is the kafka section of the configuration: brokers, client id, security, topic creation,
+	// the largest record, linger.
+	Kafka config.Kafka
 	// Rules choose each row's topic.
 	Rules *Rules
 	// Columns name the outbox columns.
-	Columns Columns
+	Columns config.Columns
 	// DLQTopic receives undeliverable rows; empty means such a row stops the router.
 	DLQTopic string
-	// CreateTopics creates missing topics with TopicPartitions and TopicReplicationFactor.
-	CreateTopics bool
-	// TopicPartitions and TopicReplicationFactor shape created topics.
-	TopicPartitions        int32
-	TopicReplicationFactor int16
-	// MaxMessageBytes is the largest record sent; larger rows are dead-lettered.
-	MaxMessageBytes int32
-	// MaxInFlightRecords and MaxInFlightBytes cap what is handed to Kafka and not yet acknowledged.
-	MaxInFlightRecords int
-	// MaxInFlightBytes caps the bytes of those records.
-	MaxInFlightBytes int64
-	// Linger is the producer's linger.
-	Linger time.Duration
+	// Limits cap what is handed to Kafka and not yet acknowledged.
+	Limits config.Limits
 	// IsolateUntil, when not zero, has every row whose Source.CommitLSN is at or below it produced
 	// alone: one record in flight, in a batch of its own. A previous session's batch that Kafka
 	// rejected is replayed this way, so that only the record at fault is dead-lettered.
@@ -182,16 +171,16 @@ func New(opts Options) (*Router, error) {
 	if opts.TopicSetupTimeout <= 0 {
 		opts.TopicSetupTimeout = 30 * time.Second
 	}
-	if opts.MaxInFlightRecords <= 0 || opts.MaxInFlightBytes <= 0 || opts.MaxMessageBytes <= 0 {
+	if opts.Limits.MaxInFlightRecords <= 0 || opts.Limits.MaxInFlightBytes <= 0 || opts.Kafka.MaxMessageBytes <= 0 {
 		return nil, errors.New("router: in-flight limits and max message bytes must be positive")
 	}
 	topics := new(sync.Map)
-	kopts, err := ClientOpts(opts.Brokers, opts.Security)
+	kopts, err := ClientOpts(opts.Kafka)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	kopts = append(kopts,
-		kgo.ClientID(opts.ClientID),
+		kgo.ClientID(opts.Kafka.ClientID),
 		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
 		// a record-level retry or timeout limit could reorder or drop records.
 		// Batches never exceed what their topic takes, so that one record's size cannot make the broker
@@ -200,16 +189,16 @@ func New(opts Options) (*Router, error) {
 			if v, ok := topics.Load(topic); ok && v.(topicInfo).limit > 0 {
 				return v.(topicInfo).limit
 			}
-			return opts.MaxMessageBytes
+			return opts.Kafka.MaxMessageBytes
 		}),
 		// The limiter caps what is in flight; the client's own buffer must never be the one that blocks.
-		kgo.MaxBufferedRecords(2*opts.MaxInFlightRecords+16),
+		kgo.MaxBufferedRecords(2*opts.Limits.MaxInFlightRecords+16),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
 	)
 	kopts = append(kopts, opts.ExtraOpts...)
 	mainOpts := kopts
-	if opts.Linger > 0 {
-		mainOpts = append(slices.Clip(kopts), kgo.ProducerLinger(opts.Linger))
+	if opts.Kafka.Linger > 0 {
+		mainOpts = append(slices.Clip(kopts), kgo.ProducerLinger(opts.Kafka.Linger))
 	}
 	client, err := kgo.NewClient(mainOpts...)
 	if err != nil {
@@ -229,7 +218,7 @@ func New(opts Options) (*Router, error) {
 		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
-		limiter:  newLimiter(opts.MaxInFlightRecords, opts.MaxInFlightBytes),
+		limiter:  newLimiter(opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes),
 		topics:   topics,
 		preps:    make(map[string]*topicPrep),
 		closeCtx: closeCtx,
@@ -242,7 +231,7 @@ func New(opts Options) (*Router, error) {
 // created.
 func (r *Router) Ping(ctx context.Context) error {
 	if err := r.client.Ping(ctx); err != nil {
-		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Brokers, err)
+		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Kafka.Brokers, err)
 	}
 	if r.opts.DLQTopic != "" {
 		info, err := r.prepareTopic(ctx, r.opts.DLQTopic)
@@ -298,7 +287,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.MaxMessageBytes)
+	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.Kafka.MaxMessageBytes)
 	if problem == nil {
 		info, err := r.prepareTopic(ctx, rec.Topic)
 		if err != nil {
@@ -317,7 +306,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	p := &Prepared{rec: rec, src: src, size: int64(size)}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
-			err := &UndeliverableError{EventID: header(rec, HeaderEventID), Reason: problem.Error()}
+			err := &UndeliverableError{EventID: header(rec, outbox.HeaderEventID), Reason: problem.Error()}
 			r.fail(err)
 			return nil, err
 		}
@@ -372,7 +361,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 				if !p.src.CommitTime.IsZero() {
 					e2e = now.Sub(p.src.CommitTime)
 				}
-				r.opts.Observer.Produced(rec.Topic, header(rec, HeaderEventType), n, now.Sub(start), e2e)
+				r.opts.Observer.Produced(rec.Topic, header(rec, outbox.HeaderEventType), n, now.Sub(start), e2e)
 			}
 			ack()
 			return
@@ -394,7 +383,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
 		default:
 			r.release(p.size)
-			r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, HeaderEventID), rec.Topic, err))
+			r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, outbox.HeaderEventID), rec.Topic, err))
 		}
 	})
 }
@@ -415,7 +404,7 @@ func (r *Router) checkPartitions(rec *kgo.Record) {
 
 // resolve builds the record for row with its topic and size, or says why the row can never be
 // delivered (problem) and the class of that reason.
-func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
+func resolve(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
 	rec, problem = buildRecord(row, cols)
 	if problem == nil {
 		rec.Topic, problem = rules.Topic(row)
@@ -431,7 +420,7 @@ func resolve(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (rec *k
 
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.
 // Dry runs use it.
-func Plan(rules *Rules, cols Columns, row Row, maxMessageBytes int32) (topic string, problem error) {
+func Plan(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) (topic string, problem error) {
 	rec, _, problem, _ := resolve(rules, cols, row, maxMessageBytes)
 	return rec.Topic, problem
 }
@@ -452,38 +441,38 @@ const maxReasonBytes = 2048
 func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, size int64, ack func()) {
 	if r.opts.DLQTopic == "" {
 		r.release(size)
-		r.fail(&UndeliverableError{EventID: header(orig, HeaderEventID), Reason: reason})
+		r.fail(&UndeliverableError{EventID: header(orig, outbox.HeaderEventID), Reason: reason})
 		return
 	}
 	dlq := &kgo.Record{Topic: r.opts.DLQTopic, Key: orig.Key, Value: orig.Value}
 	for _, h := range orig.Headers {
-		if !strings.HasPrefix(h.Key, dlqHeaderPrefix) {
+		if !strings.HasPrefix(h.Key, outbox.DLQHeaderPrefix) {
 			dlq.Headers = append(dlq.Headers, h)
 		}
 	}
 	own := []kgo.RecordHeader{
-		{Key: HeaderDLQReason, Value: []byte(truncate(reason, maxReasonBytes))},
-		{Key: HeaderDLQSourceLSN, Value: []byte(src.LSN)},
-		{Key: HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		{Key: outbox.HeaderDLQReason, Value: []byte(truncate(reason, maxReasonBytes))},
+		{Key: outbox.HeaderDLQSourceLSN, Value: []byte(src.LSN)},
+		{Key: outbox.HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	}
 	if orig.Topic != "" {
-		own = append(own, kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(orig.Topic)})
+		own = append(own, kgo.RecordHeader{Key: outbox.HeaderDLQTopic, Value: []byte(orig.Topic)})
 	}
-	limit := r.opts.MaxMessageBytes
+	limit := r.opts.Kafka.MaxMessageBytes
 	if v, ok := r.topics.Load(r.opts.DLQTopic); ok && v.(topicInfo).limit > 0 {
 		limit = v.(topicInfo).limit
 	}
 	fitDLQ(dlq, own, int(limit))
-	r.log.Warn("dead-lettering event", "event_id", header(orig, HeaderEventID), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
+	r.log.Warn("dead-lettering event", "event_id", header(orig, outbox.HeaderEventID), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
 	r.client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(size)
 		if err != nil {
-			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", header(orig, HeaderEventID), r.opts.DLQTopic, err))
+			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", header(orig, outbox.HeaderEventID), r.opts.DLQTopic, err))
 			return
 		}
 		r.opts.Counters.DeadLettered.Add(1)
 		if r.opts.Observer != nil {
-			r.opts.Observer.DeadLettered(header(orig, HeaderEventType), class)
+			r.opts.Observer.DeadLettered(header(orig, outbox.HeaderEventType), class)
 		}
 		ack()
 	})
@@ -506,8 +495,8 @@ func fitDLQ(dlq *kgo.Record, own []kgo.RecordHeader, limit int) {
 	mark := func(k, v string) { marks = append(marks, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
 	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Value) > 0 {
 		keep := max(len(dlq.Value)-over, 0)
-		mark(HeaderDLQTruncated, "true")
-		mark(HeaderDLQOriginalBytes, strconv.Itoa(len(dlq.Value)))
+		mark(outbox.HeaderDLQTruncated, "true")
+		mark(outbox.HeaderDLQOriginalBytes, strconv.Itoa(len(dlq.Value)))
 		dlq.Value = bytes.Clone(dlq.Value[:keep])
 	}
 	if recordSize(dlq) > budget && len(dlq.Headers) > len(own) {
@@ -516,14 +505,14 @@ func fitDLQ(dlq *kgo.Record, own []kgo.RecordHeader, limit int) {
 		for _, h := range dropped {
 			n += len(h.Key) + len(h.Value)
 		}
-		mark(HeaderDLQHeadersDropped, strconv.Itoa(len(dropped)))
-		mark(HeaderDLQOriginalHeaderSize, strconv.Itoa(n))
+		mark(outbox.HeaderDLQHeadersDropped, strconv.Itoa(len(dropped)))
+		mark(outbox.HeaderDLQOriginalHeaderSize, strconv.Itoa(n))
 		dlq.Headers = slices.Clone(own)
 	}
 	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Key) > 0 {
 		keep := max(len(dlq.Key)-over, 0)
-		mark(HeaderDLQKeyTruncated, "true")
-		mark(HeaderDLQOriginalKeyBytes, strconv.Itoa(len(dlq.Key)))
+		mark(outbox.HeaderDLQKeyTruncated, "true")
+		mark(outbox.HeaderDLQOriginalKeyBytes, strconv.Itoa(len(dlq.Key)))
 		dlq.Key = bytes.Clone(dlq.Key[:keep])
 	}
 	dlq.Headers = append(dlq.Headers, marks...)
@@ -592,15 +581,15 @@ var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout
 // max.message.bytes. A topic Kafka will never take (an invalid or colliding name, or a missing topic
 // that may not be created) is reported in topicInfo.refused, not as an error.
 func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error) {
-	info := topicInfo{limit: r.opts.MaxMessageBytes}
+	info := topicInfo{limit: r.opts.Kafka.MaxMessageBytes}
 	wrap := func(what string, err error) error {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			err = errTopicSetupTimeout
 		}
 		return fmt.Errorf("%s topic %s: %w", what, topic, err)
 	}
-	if r.opts.CreateTopics {
-		resp, err := r.admin.CreateTopic(ctx, r.opts.TopicPartitions, r.opts.TopicReplicationFactor, nil, topic)
+	if r.opts.Kafka.CreateTopics {
+		resp, err := r.admin.CreateTopic(ctx, r.opts.Kafka.TopicPartitions, r.opts.Kafka.TopicReplicationFactor, nil, topic)
 		switch {
 		case err == nil:
 			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
@@ -621,7 +610,7 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		d, ok := details[topic]
 		switch {
 		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
-			if !r.opts.CreateTopics {
+			if !r.opts.Kafka.CreateTopics {
 				info.refused = fmt.Sprintf("topic %s does not exist and kafka.create_topics is off", topic)
 				return info, nil
 			}

@@ -19,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
 // failProduce makes the fake cluster answer every produce request for topic with errCode.
@@ -53,14 +55,18 @@ func failProduce(c *kfake.Cluster, topic string, errCode int16) {
 
 func newTestRouter(t *testing.T, c *kfake.Cluster, dlq string) (*Router, *Counters) {
 	t.Helper()
-	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
 	counters := new(Counters)
 	r, err := New(Options{
-		Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: dlq,
-		MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20, Counters: counters,
+		Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
+		Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:    rules,
+		Columns:  defaultCols,
+		DLQTopic: dlq,
+		Counters: counters,
 		// Produce requests up to Kafka 3.9 name their topics, which failProduce matches on.
 		ExtraOpts: []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0())},
 	})
@@ -181,16 +187,21 @@ func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
 	const commitLSN = 42
 
 	newRouter := func(isolateUntil uint64, obs Observer) (*Router, *Counters) {
-		rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+		rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 		if err != nil {
 			t.Fatal(err)
 		}
 		counters := new(Counters)
 		r, err := New(Options{
-			Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "dlq",
-			MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20, Counters: counters, Observer: obs,
-			Linger: 50 * time.Millisecond, IsolateUntil: isolateUntil,
-			ExtraOpts: []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())},
+			Kafka:        config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000, Linger: 50 * time.Millisecond},
+			Limits:       config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+			Rules:        rules,
+			Columns:      defaultCols,
+			DLQTopic:     "dlq",
+			Counters:     counters,
+			Observer:     obs,
+			IsolateUntil: isolateUntil,
+			ExtraOpts:    []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -295,15 +306,21 @@ func TestRefusedTopicsAreUndeliverable(t *testing.T) {
 			}
 			defer c.Close()
 			tt.control(c)
-			rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+			rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 			if err != nil {
 				t.Fatal(err)
 			}
 			obs := &classes{}
 			counters := new(Counters)
-			r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "dlq",
-				CreateTopics: tt.create, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000,
-				MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20, Counters: counters, Observer: obs})
+			r, err := New(Options{
+				Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: tt.create, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
+				Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+				Rules:    rules,
+				Columns:  defaultCols,
+				DLQTopic: "dlq",
+				Counters: counters,
+				Observer: obs,
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -342,13 +359,17 @@ func TestTopicSetupTimeoutIsNotTakenForAWait(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		return nil, nil, false
 	})
-	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, CreateTopics: true,
-		TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20,
-		TopicSetupTimeout: 300 * time.Millisecond})
+	r, err := New(Options{
+		Kafka:             config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
+		Limits:            config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:             rules,
+		Columns:           defaultCols,
+		TopicSetupTimeout: 300 * time.Millisecond,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,12 +453,16 @@ func TestSlowTopicCreationIsNotRestarted(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		return nil, nil, false
 	})
-	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, CreateTopics: true,
-		TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20})
+	r, err := New(Options{
+		Kafka:   config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
+		Limits:  config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:   rules,
+		Columns: defaultCols,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,12 +503,17 @@ func TestMissingDeadLetterTopicFailsAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols, DLQTopic: "no-such-dlq",
-		MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20})
+	r, err := New(Options{
+		Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
+		Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:    rules,
+		Columns:  defaultCols,
+		DLQTopic: "no-such-dlq",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,14 +565,18 @@ func TestPartitionGrowthIsWarnedOnce(t *testing.T) {
 	defer c.Close()
 	var logs bytes.Buffer
 	var mu sync.Mutex
-	rules, err := NewRules("{event_type}", nil, "", nil, defaultCols)
+	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Options{Brokers: c.ListenAddrs(), ClientID: "test", Rules: rules, Columns: defaultCols,
-		MaxMessageBytes: 100000, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20,
+	r, err := New(Options{
+		Kafka:     config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
+		Limits:    config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:     rules,
+		Columns:   defaultCols,
 		Logger:    slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)),
-		ExtraOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.MetadataMaxAge(100 * time.Millisecond)}})
+		ExtraOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.MetadataMaxAge(100 * time.Millisecond)},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
 // writeSelfSigned writes a self-signed certificate and its key as PEM files.
@@ -51,23 +53,23 @@ func TestClientOpts(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		s       Security
+		k       config.Kafka
 		opts    int // options beyond the seed brokers
 		wantErr string
 	}{
-		{"plaintext", Security{}, 0, ""},
-		{"tls with CA and client certificate", Security{TLS: true, CAFile: cert, CertFile: cert, KeyFile: key}, 1, ""},
-		{"sasl plain", Security{SASLMechanism: "PLAIN", SASLUser: "u", SASLPassword: "p"}, 1, ""},
-		{"sasl scram-sha-512 over tls", Security{TLS: true, SASLMechanism: "scram-sha-512", SASLUser: "u", SASLPassword: "p"}, 2, ""},
-		{"sasl scram-sha-256", Security{SASLMechanism: "SCRAM-SHA-256", SASLUser: "u", SASLPassword: "p"}, 1, ""},
-		{"unknown mechanism", Security{SASLMechanism: "GSSAPI"}, 0, "kafka.sasl.mechanism"},
-		{"missing CA", Security{TLS: true, CAFile: filepath.Join(dir, "missing.pem")}, 0, "kafka.tls.ca_file"},
-		{"CA without PEM", Security{TLS: true, CAFile: notPEM}, 0, "no PEM certificate"},
-		{"bad key pair", Security{TLS: true, CertFile: cert, KeyFile: notPEM}, 0, "kafka.tls.cert_file"},
+		{"plaintext", config.Kafka{Brokers: []string{"b:9092"}}, 0, ""},
+		{"tls with CA and client certificate", config.Kafka{Brokers: []string{"b:9092"}, TLS: config.KafkaTLS{Enabled: true, CAFile: cert, CertFile: cert, KeyFile: key}}, 1, ""},
+		{"sasl plain", config.Kafka{Brokers: []string{"b:9092"}, SASL: config.KafkaSASL{Mechanism: "PLAIN", Username: "u", Password: "p"}}, 1, ""},
+		{"sasl scram-sha-512 over tls", config.Kafka{Brokers: []string{"b:9092"}, TLS: config.KafkaTLS{Enabled: true}, SASL: config.KafkaSASL{Mechanism: "scram-sha-512", Username: "u", Password: "p"}}, 2, ""},
+		{"sasl scram-sha-256", config.Kafka{Brokers: []string{"b:9092"}, SASL: config.KafkaSASL{Mechanism: "SCRAM-SHA-256", Username: "u", Password: "p"}}, 1, ""},
+		{"unknown mechanism", config.Kafka{Brokers: []string{"b:9092"}, SASL: config.KafkaSASL{Mechanism: "GSSAPI"}}, 0, "kafka.sasl.mechanism"},
+		{"missing CA", config.Kafka{Brokers: []string{"b:9092"}, TLS: config.KafkaTLS{Enabled: true, CAFile: filepath.Join(dir, "missing.pem")}}, 0, "kafka.tls.ca_file"},
+		{"CA without PEM", config.Kafka{Brokers: []string{"b:9092"}, TLS: config.KafkaTLS{Enabled: true, CAFile: notPEM}}, 0, "no PEM certificate"},
+		{"bad key pair", config.Kafka{Brokers: []string{"b:9092"}, TLS: config.KafkaTLS{Enabled: true, CertFile: cert, KeyFile: notPEM}}, 0, "kafka.tls.cert_file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts, err := ClientOpts([]string{"b:9092"}, tt.s)
+			opts, err := ClientOpts(tt.k)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)

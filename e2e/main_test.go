@@ -1,9 +1,10 @@
-package main
+package e2e
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -28,14 +29,20 @@ import (
 // binary is the outbox-cdc binary built once for the process-level tests.
 var binary string
 
+// TestMain builds the binary from the module's root, except under -short: every test here runs it
+// against the real services.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "outbox-cdc-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "outbox-cdc")
-	build := exec.Command("go", "build", "-o", binary, ".")
+	build := exec.Command("go", "build", "-o", binary, "..")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build outbox-cdc:", err)
@@ -333,6 +340,9 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 
 // TestConfigErrorsNameTheKey: a bad setting stops the router at start with the key's name.
 func TestConfigErrorsNameTheKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary, which -short does not build")
+	}
 	cmd := exec.Command(binary, "run", "--postgres", "postgres://u:secret@127.0.0.1:1/db", "--brokers", "127.0.0.1:1")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=0", "OUTBOX_CDC_SLOT=Bad-Slot")
 	out, err := cmd.CombinedOutput()
@@ -382,6 +392,9 @@ func httpGet(t *testing.T, addr, path string) (int, string) {
 // nothing the process prints holds the password. run retries an unreachable server, so its output is
 // read for a few seconds.
 func TestNoPasswordInOutput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary, which -short does not build")
+	}
 	urls := []struct{ url, password string }{
 		{"postgres://u:Hx7%zzQ9@127.0.0.1:1/db", "Hx7%zzQ9"},
 		{"postgres://u:Hx7/Q9pw@127.0.0.1:1/db", "Hx7/Q9pw"},

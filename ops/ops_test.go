@@ -1,32 +1,35 @@
-package main
+package ops
 
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 func TestCheckPrerequisites(t *testing.T) {
-	good := facts{WALLevel: "logical", MaxSlots: 10, Slots: 2, MaxSenders: 10, Senders: 1, Replication: true, TableExists: true, CanSelect: true}
+	good := replication.Prerequisites{WALLevel: "logical", MaxSlots: 10, Slots: 2, MaxSenders: 10, Senders: 1, Replication: true, TableExists: true, CanSelect: true}
 	tests := []struct {
 		name    string
-		mutate  func(*facts)
+		mutate  func(*replication.Prerequisites)
 		wantFix string
 	}{
-		{"wal_level replica", func(f *facts) { f.WALLevel = "replica" }, "ALTER SYSTEM SET wal_level = logical"},
-		{"no slot left", func(f *facts) { f.Slots = 10 }, "max_replication_slots"},
-		{"no sender left", func(f *facts) { f.Senders = 10 }, "max_wal_senders"},
-		{"no replication attribute", func(f *facts) { f.Replication = false }, "REPLICATION"},
-		{"no select", func(f *facts) { f.CanSelect = false }, "GRANT SELECT"},
+		{"wal_level replica", func(f *replication.Prerequisites) { f.WALLevel = "replica" }, "ALTER SYSTEM SET wal_level = logical"},
+		{"no slot left", func(f *replication.Prerequisites) { f.Slots = 10 }, "max_replication_slots"},
+		{"no sender left", func(f *replication.Prerequisites) { f.Senders = 10 }, "max_wal_senders"},
+		{"no replication attribute", func(f *replication.Prerequisites) { f.Replication = false }, "REPLICATION"},
+		{"no select", func(f *replication.Prerequisites) { f.CanSelect = false }, "GRANT SELECT"},
 	}
-	if p := checkPrerequisites(good); len(p) != 0 {
+	if p := CheckPrerequisites(good); len(p) != 0 {
 		t.Fatalf("a good server has problems: %v", p)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := good
 			tt.mutate(&f)
-			p := checkPrerequisites(f)
-			if len(p) != 1 || !strings.Contains(p[0].fix, tt.wantFix) {
+			p := CheckPrerequisites(f)
+			if len(p) != 1 || !strings.Contains(p[0].Fix, tt.wantFix) {
 				t.Fatalf("problems %v, want one whose fix names %q", p, tt.wantFix)
 			}
 		})
@@ -34,26 +37,18 @@ func TestCheckPrerequisites(t *testing.T) {
 	// A full server is fine when our slot already exists.
 	f := good
 	f.Slots, f.SlotExists = 10, true
-	if p := checkPrerequisites(f); len(p) != 0 {
+	if p := CheckPrerequisites(f); len(p) != 0 {
 		t.Fatalf("existing slot on a full server: %v", p)
 	}
 }
 
-func TestTableDDLMatchesSQLFile(t *testing.T) {
-	ddl := tableDDL(`"app"."events"`)
-	if !strings.HasPrefix(ddl, `CREATE TABLE IF NOT EXISTS "app"."events" (`) || !strings.HasSuffix(ddl, ")") {
-		t.Fatalf("unexpected DDL:\n%s", ddl)
-	}
-	for _, col := range []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "aggregate_version", "payload", "headers", "created_at"} {
-		if !strings.Contains(ddl, col) {
-			t.Errorf("DDL lacks %s", col)
-		}
-	}
-}
-
 func TestEvaluateStatus(t *testing.T) {
-	healthy := Status{Postgres: PostgresReport{Reachable: true}, Slot: SlotReport{Name: "s", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 10},
-		Publication: PublicationReport{Name: "p", Exists: true, PublishInsert: true}, Kafka: KafkaReport{Reachable: true}}
+	healthy := Status{Postgres: PostgresReport{Reachable: true}, Slot: replication.SlotState{Name: "s", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 10},
+		Publication: replication.PublicationState{Name: "p", Exists: true, PublishInsert: true}, Kafka: KafkaReport{Reachable: true}}
+	evaluate := func(s Status, maxLag int64, maxInactive time.Duration) []string {
+		s.Evaluate(Thresholds{MaxLagBytes: maxLag, MaxInactive: maxInactive})
+		return s.Problems
+	}
 	if p := evaluate(healthy, 100, 0); len(p) != 0 {
 		t.Fatalf("healthy status has problems: %v", p)
 	}
@@ -79,8 +74,8 @@ func TestEvaluateStatus(t *testing.T) {
 		})
 	}
 	// A database that did not answer: its slot and publication are unknown, not missing.
-	down := Status{Postgres: PostgresReport{Error: "password authentication failed"}, Slot: SlotReport{Name: "s"},
-		Publication: PublicationReport{Name: "p"}, Kafka: KafkaReport{Reachable: true}}
+	down := Status{Postgres: PostgresReport{Error: "password authentication failed"}, Slot: replication.SlotState{Name: "s"},
+		Publication: replication.PublicationState{Name: "p"}, Kafka: KafkaReport{Reachable: true}}
 	if p := evaluate(down, 100, 0); len(p) != 1 || !strings.Contains(p[0], "unknown") || strings.Contains(p[0], "does not exist") {
 		t.Fatalf("unreachable database reported as %v, want one problem saying the rest is unknown", p)
 	}

@@ -1,4 +1,6 @@
-package main
+// Package e2e holds the process-level tests: they build the outbox-cdc binary once (not under
+// -short) and run its commands against the real PostgreSQL and Kafka of `make up`.
+package e2e
 
 import (
 	"context"
@@ -13,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/ops"
 )
 
 // runCLI runs the binary to completion and returns its combined output and exit code.
@@ -84,7 +87,7 @@ func TestLostSlotStatusRunResync(t *testing.T) {
 		t.Fatalf("status on a lost slot: exit %d\n%s", code, out)
 	}
 	out, code = runCLI(t, env, time.Minute, "status", "--json")
-	var st Status
+	var st ops.Status
 	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &st); err != nil || code == 0 || st.Healthy || st.Slot.WALStatus != "lost" {
 		t.Fatalf("status --json on a lost slot: exit %d, %v\n%s", code, err, out)
 	}

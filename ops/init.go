@@ -1,0 +1,209 @@
+// Package ops is the logic of the operator commands `init` and `status`, on top of replication/
+// (every question to PostgreSQL) and router/ (every question to Kafka): the cobra commands only parse
+// flags, call one function and print its result, and the logic is testable without the binary.
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+	outboxsql "github.com/outbox-cdc/outbox-cdc/sql"
+)
+
+// Problem is a prerequisite that is not met, with how to fix it.
+type Problem struct {
+	// What is wrong; Fix says how to make it right.
+	What, Fix string
+}
+
+// CheckPrerequisites lists what stops outbox-cdc from working on a server with these facts. A
+// missing table, publication or slot is not a problem: init creates them.
+func CheckPrerequisites(f replication.Prerequisites) []Problem {
+	var out []Problem
+	if f.WALLevel != "logical" {
+		out = append(out, Problem{
+			What: fmt.Sprintf("wal_level is %q; logical decoding needs logical", f.WALLevel),
+			Fix:  "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+		})
+	}
+	if !f.SlotExists && f.Slots >= f.MaxSlots {
+		out = append(out, Problem{
+			What: fmt.Sprintf("max_replication_slots is %d and %d slots exist: no room for another", f.MaxSlots, f.Slots),
+			Fix:  fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot)", f.Slots+4),
+		})
+	}
+	if f.MaxSenders <= f.Senders {
+		out = append(out, Problem{
+			What: fmt.Sprintf("max_wal_senders is %d and %d are in use: the router could not connect", f.MaxSenders, f.Senders),
+			Fix:  fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d; then restart PostgreSQL", f.Senders+4),
+		})
+	}
+	if !f.Replication {
+		out = append(out, Problem{What: "the role lacks the REPLICATION attribute", Fix: "ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql"})
+	}
+	if f.TableExists && !f.CanSelect {
+		out = append(out, Problem{What: "the role may not SELECT the outbox table (needed by resync and status)", Fix: "GRANT SELECT ON <table> TO <role>"})
+	}
+	return out
+}
+
+// ErrPrerequisites is returned by Init when a prerequisite is not met (the output says which).
+var ErrPrerequisites = errors.New("prerequisites not met (see above)")
+
+// InitOptions say what Init may do.
+type InitOptions struct {
+	// CreateTable creates the outbox table from sql/outbox.sql when it is missing.
+	CreateTable bool
+	// DryRun prints the SQL and the topics and changes nothing.
+	DryRun bool
+}
+
+// Init checks the prerequisites and creates, idempotently, what is missing: the outbox table (with
+// CreateTable), the publication, the slot, and the topics the routing configuration names in
+// advance. It reports each step on w.
+func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) error {
+	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
+	}
+	defer func() { _ = cat.Close(context.Background()) }()
+	outbox := outboxOf(cfg)
+	f, err := cat.Prerequisites(ctx, outbox, cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	problems := CheckPrerequisites(f)
+	for _, p := range problems {
+		fmt.Fprintf(w, "FIX  %s\n     %s\n", p.What, p.Fix)
+	}
+	if len(problems) > 0 {
+		return ErrPrerequisites
+	}
+	fmt.Fprintf(w, "ok   wal_level=logical, %d of %d replication slots used, %d of %d WAL senders, role has REPLICATION\n",
+		f.Slots, f.MaxSlots, f.Senders, f.MaxSenders)
+
+	// Each step is the statement it runs (printed in a dry run) and the function that runs it.
+	type step struct {
+		sql string
+		run func() error
+	}
+	var steps []step
+	if !f.TableExists {
+		if !o.CreateTable {
+			return fmt.Errorf("outbox table %s does not exist: pass --create-table, or apply sql/outbox.sql", cfg.Postgres.Table)
+		}
+		ddl := outboxsql.TableDDL(pgx.Identifier{outbox.Schema, outbox.Table}.Sanitize())
+		steps = append(steps, step{ddl, func() error { return cat.CreateTable(ctx, ddl) }})
+	}
+	if !f.PublicationExists {
+		steps = append(steps, step{replication.CreatePublicationSQL(outbox), func() error { return cat.CreatePublication(ctx, outbox) }})
+	}
+	if !f.SlotExists {
+		steps = append(steps, step{fmt.Sprintf("%s  -- with $1 = %q", replication.CreateSlotSQL, cfg.Postgres.Slot), func() error {
+			_, err := cat.CreateSlot(ctx, cfg.Postgres.Slot)
+			return err
+		}})
+	}
+	topics := KnownTopics(cfg)
+	if o.DryRun {
+		fmt.Fprintln(w, "dry run: nothing was changed. SQL that init would run:")
+		if len(steps) == 0 {
+			fmt.Fprintln(w, "  (none: table, publication and slot exist)")
+		}
+		for _, s := range steps {
+			fmt.Fprintf(w, "  %s;\n", strings.TrimSpace(s.sql))
+		}
+		fmt.Fprintf(w, "Kafka topics it would create if missing (%d partitions): %s\n", cfg.Kafka.TopicPartitions, orNone(topics))
+		return nil
+	}
+	for _, s := range steps {
+		if err := s.run(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "done %s\n", firstLine(s.sql))
+	}
+	if len(steps) == 0 {
+		fmt.Fprintf(w, "ok   table %s, publication %s and slot %s exist\n", cfg.Postgres.Table, cfg.Postgres.Publication, cfg.Postgres.Slot)
+	}
+	return createTopics(ctx, w, cfg, topics)
+}
+
+func createTopics(ctx context.Context, w io.Writer, cfg config.Config, topics []string) error {
+	if len(topics) == 0 {
+		fmt.Fprintln(w, "ok   no topics named in advance (the template's topics are created on first use)")
+		return nil
+	}
+	if !cfg.Kafka.CreateTopics {
+		fmt.Fprintf(w, "skip topics (kafka.create_topics is off): %s\n", strings.Join(topics, ", "))
+		return nil
+	}
+	adm, err := router.NewAdmin(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	created, err := adm.CreateTopics(ctx, topics...)
+	for _, t := range topics {
+		switch {
+		case slices.Contains(created, t):
+			fmt.Fprintf(w, "done created topic %s\n", t)
+		case err == nil:
+			fmt.Fprintf(w, "ok   topic %s exists\n", t)
+		}
+	}
+	return err
+}
+
+// KnownTopics are the topics the routing configuration names in advance: the event_type map, the
+// fallback and dead-letter topics, and a template without placeholders.
+func KnownTopics(cfg config.Config) []string {
+	set := map[string]bool{}
+	for _, t := range cfg.Routing.Topics {
+		set[t] = true
+	}
+	for _, t := range []string{cfg.Routing.FallbackTopic, cfg.Routing.DLQTopic} {
+		if t != "" {
+			set[t] = true
+		}
+	}
+	if cfg.Routing.Topic != "" && !strings.ContainsAny(cfg.Routing.Topic, "{}") {
+		set[cfg.Routing.Topic] = true
+	}
+	out := make([]string, 0, len(set))
+	for t := range set {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// outboxOf names the configured outbox table and publication.
+func outboxOf(cfg config.Config) replication.Outbox {
+	schema, table := replication.SplitTable(cfg.Postgres.Table)
+	return replication.Outbox{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " ..."
+	}
+	return s
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "(none named in advance)"
+	}
+	return strings.Join(list, ", ")
+}

@@ -1,0 +1,232 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// Status is what `outbox-cdc status` reports.
+type Status struct {
+	// Postgres says whether the database answered; when it did not, the slot, publication and outbox
+	// are unknown, not missing.
+	Postgres PostgresReport `json:"postgres"`
+	// Slot, Publication, Outbox and Kafka are the parts of the report.
+	Slot        replication.SlotState        `json:"slot"`
+	Publication replication.PublicationState `json:"publication"`
+	Outbox      replication.OutboxState      `json:"outbox"`
+	Kafka       KafkaReport                  `json:"kafka"`
+	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it.
+	Healthy  bool     `json:"healthy"`
+	Problems []string `json:"problems"`
+}
+
+// PostgresReport says whether the database could be read.
+type PostgresReport struct {
+	// Target is user@host:port/database; Reachable says whether it answered (else Error).
+	Target    string `json:"target"`
+	Reachable bool   `json:"reachable"`
+	Error     string `json:"error,omitempty"`
+}
+
+// KafkaReport says whether Kafka answers and which routed topics exist.
+type KafkaReport struct {
+	// Brokers were asked; Reachable says whether one answered (else Error); the topics are those the
+	// routing configuration names in advance.
+	Brokers       []string `json:"brokers"`
+	Reachable     bool     `json:"reachable"`
+	Error         string   `json:"error,omitempty"`
+	TopicsPresent []string `json:"topics_present"`
+	TopicsMissing []string `json:"topics_missing"`
+}
+
+// Thresholds decide what Evaluate counts as unhealthy.
+type Thresholds struct {
+	// MaxLagBytes is the largest acceptable lag behind pg_current_wal_lsn(); MaxInactive the longest
+	// acceptable inactivity of the slot (known on PostgreSQL 17 and later; before, an inactive slot is
+	// unhealthy at once).
+	MaxLagBytes int64
+	MaxInactive time.Duration
+}
+
+// GatherStatus reads everything status reports; failures become part of the report.
+func GatherStatus(ctx context.Context, cfg config.Config) Status {
+	outbox := outboxOf(cfg)
+	st := Status{
+		Postgres:    PostgresReport{Target: cfg.PostgresTarget()},
+		Slot:        replication.SlotState{Name: cfg.Postgres.Slot, InactiveSeconds: -1},
+		Publication: replication.PublicationState{Name: cfg.Postgres.Publication},
+		Outbox:      replication.OutboxState{Table: outbox.String()},
+		Kafka:       KafkaReport{Brokers: cfg.Kafka.Brokers},
+	}
+	if err := gatherPostgres(ctx, cfg, outbox, &st); err != nil {
+		st.Postgres.Error = err.Error()
+	}
+	gatherKafka(ctx, cfg, &st)
+	return st
+}
+
+func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.Outbox, st *Status) error {
+	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
+	}
+	defer func() { _ = cat.Close(context.Background()) }()
+	st.Postgres.Reachable = true
+	if st.Slot, err = cat.Slot(ctx, cfg.Postgres.Slot); err != nil {
+		return err
+	}
+	if st.Publication, err = cat.Publication(ctx, cfg.Postgres.Publication); err != nil {
+		return err
+	}
+	st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt)
+	return err
+}
+
+func gatherKafka(ctx context.Context, cfg config.Config, st *Status) {
+	adm, err := router.NewAdmin(cfg.Kafka)
+	if err != nil {
+		st.Kafka.Error = err.Error()
+		return
+	}
+	defer adm.Close()
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	present, missing, err := adm.Topics(kctx, KnownTopics(cfg)...)
+	if err != nil {
+		st.Kafka.Error = err.Error()
+		return
+	}
+	st.Kafka.Reachable = true
+	st.Kafka.TopicsPresent, st.Kafka.TopicsMissing = present, missing
+}
+
+// Evaluate sets Problems (keeping any already there) and Healthy.
+func (st *Status) Evaluate(th Thresholds) {
+	problems := append([]string(nil), st.Problems...)
+	s := st.Slot
+	switch {
+	case st.Postgres.Error != "":
+		// Nothing is known of the slot, the publication or the outbox: say so, and nothing more.
+		problems = append(problems, "postgres: "+st.Postgres.Error+" (slot, publication and outbox unknown)")
+	case !s.Exists:
+		problems = append(problems, fmt.Sprintf("slot %s does not exist: start outbox-cdc run (creates it) or outbox-cdc resync", s.Name))
+	case s.WALStatus == "lost":
+		problems = append(problems, fmt.Sprintf("slot %s is lost (WAL it needed was removed): events may be missing; recover with outbox-cdc resync", s.Name))
+	case !s.Active && (s.InactiveSeconds < 0 || s.InactiveSeconds > th.MaxInactive.Seconds()):
+		since := "(PostgreSQL < 17 does not record since when)"
+		if s.InactiveSeconds >= 0 {
+			since = fmt.Sprintf("for %s", (time.Duration(s.InactiveSeconds) * time.Second).String())
+		}
+		problems = append(problems, fmt.Sprintf("slot %s is inactive %s: no router streams from it", s.Name, since))
+	}
+	if s.ResyncMarker && !s.ResyncRunning {
+		problems = append(problems, fmt.Sprintf("a resync of slot %s was interrupted before its snapshot was published: run outbox-cdc resync again", s.Name))
+	}
+	if st.Postgres.Reachable && !st.Publication.Exists {
+		problems = append(problems, fmt.Sprintf("publication %s does not exist: start outbox-cdc run (creates it) or outbox-cdc init", st.Publication.Name))
+	}
+	if s.Exists && s.LagBytes > th.MaxLagBytes {
+		problems = append(problems, fmt.Sprintf("slot %s lags %d bytes behind pg_current_wal_lsn() (threshold %d)", s.Name, s.LagBytes, th.MaxLagBytes))
+	}
+	if !st.Kafka.Reachable {
+		problems = append(problems, "kafka unreachable: "+st.Kafka.Error)
+	}
+	st.Problems = problems
+	st.Healthy = len(problems) == 0
+}
+
+// Scrub passes every text of the report that may quote an error or a URL through hide.
+func (st *Status) Scrub(hide func(string) string) {
+	for i, p := range st.Problems {
+		st.Problems[i] = hide(p)
+	}
+	st.Postgres.Target, st.Postgres.Error, st.Kafka.Error = hide(st.Postgres.Target), hide(st.Postgres.Error), hide(st.Kafka.Error)
+}
+
+// WriteJSON writes the report as indented JSON.
+func (st Status) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(st)
+}
+
+// Print writes the report as a table for people.
+func (st Status) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "postgres\t%s\n", st.Postgres.Target)
+	if !st.Postgres.Reachable {
+		fmt.Fprintf(tw, "  reachable\tno: slot, publication and outbox unknown\n")
+	}
+	unknown := func() { fmt.Fprintf(tw, "  exists\tunknown\n") }
+	s := st.Slot
+	fmt.Fprintf(tw, "slot\t%s\n", s.Name)
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case s.Exists:
+		active := "no"
+		if s.Active {
+			active = fmt.Sprintf("yes (pid %d)", s.ActivePID)
+		}
+		fmt.Fprintf(tw, "  active\t%s\n  wal_status\t%s\n  confirmed_flush_lsn\t%s\n  restart_lsn\t%s\n  WAL held\t%s\n  lag\t%s\n",
+			active, s.WALStatus, s.ConfirmedFlush, s.RestartLSN, bytesHuman(s.WALHeldBytes), bytesHuman(s.LagBytes))
+	default:
+		fmt.Fprintf(tw, "  exists\tno\n")
+	}
+	p := st.Publication
+	fmt.Fprintf(tw, "publication\t%s\n", p.Name)
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case p.Exists:
+		fmt.Fprintf(tw, "  publishes inserts\t%t\n  tables\t%s\n", p.PublishInsert, strings.Join(p.Tables, ", "))
+	default:
+		fmt.Fprintf(tw, "  exists\tno\n")
+	}
+	o := st.Outbox
+	fmt.Fprintf(tw, "outbox\t%s\n", o.Table)
+	switch {
+	case !st.Postgres.Reachable:
+		unknown()
+	case o.Exists:
+		fmt.Fprintf(tw, "  rows (estimate)\t%d\n  oldest row\t%s\n", o.RowEstimate, (time.Duration(o.OldestAgeSeconds) * time.Second).String())
+	default:
+		fmt.Fprintf(tw, "  exists\tno\n")
+	}
+	k := st.Kafka
+	fmt.Fprintf(tw, "kafka\t%s\n  reachable\t%t\n", strings.Join(k.Brokers, ","), k.Reachable)
+	if len(k.TopicsPresent)+len(k.TopicsMissing) > 0 {
+		fmt.Fprintf(tw, "  topics present\t%s\n  topics missing\t%s\n", strings.Join(k.TopicsPresent, ", "), strings.Join(k.TopicsMissing, ", "))
+	}
+	if st.Healthy {
+		fmt.Fprintf(tw, "health\tok\n")
+	} else {
+		fmt.Fprintf(tw, "health\tUNHEALTHY\n")
+		for _, pr := range st.Problems {
+			fmt.Fprintf(tw, "  -\t%s\n", pr)
+		}
+	}
+	_ = tw.Flush()
+}
+
+func bytesHuman(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

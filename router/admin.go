@@ -1,0 +1,73 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+// Admin is the Kafka administration the operator commands need — which topics exist, creating
+// them — on the same connection settings as the router. It is not safe for concurrent use.
+type Admin struct {
+	k   config.Kafka
+	cl  *kgo.Client
+	adm *kadm.Client
+}
+
+// NewAdmin returns an admin client for k's brokers. It does not contact Kafka.
+func NewAdmin(k config.Kafka) (*Admin, error) {
+	opts, err := ClientOpts(k)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.ClientID(k.ClientID))...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	return &Admin{k: k, cl: cl, adm: kadm.NewClient(cl)}, nil
+}
+
+// Close closes the client.
+func (a *Admin) Close() { a.cl.Close() }
+
+// Topics reports which of names exist (present) and which do not (missing), in the order given.
+func (a *Admin) Topics(ctx context.Context, names ...string) (present, missing []string, err error) {
+	all, err := a.adm.ListTopics(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list topics on %v: %w", a.k.Brokers, err)
+	}
+	for _, t := range names {
+		if all.Has(t) {
+			present = append(present, t)
+		} else {
+			missing = append(missing, t)
+		}
+	}
+	return present, missing, nil
+}
+
+// CreateTopics creates those of names that do not exist, with kafka.topic_partitions and
+// kafka.topic_replication_factor, and returns the ones it created; existing topics are left alone.
+func (a *Admin) CreateTopics(ctx context.Context, names ...string) (created []string, err error) {
+	resp, err := a.adm.CreateTopics(ctx, a.k.TopicPartitions, a.k.TopicReplicationFactor, nil, names...)
+	if err != nil {
+		return nil, fmt.Errorf("create topics on %v: %w", a.k.Brokers, err)
+	}
+	for _, t := range names {
+		switch r := resp[t]; {
+		case r.Err == nil:
+			created = append(created, t)
+		case errors.Is(r.Err, kerr.TopicAlreadyExists):
+		default:
+			return created, fmt.Errorf("create topic %s: %w", t, r.Err)
+		}
+	}
+	return slices.Clip(created), nil
+}

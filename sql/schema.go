@@ -1,0 +1,20 @@
+// Package outboxsql holds the SQL files of outbox-cdc: the recommended outbox table and publication
+// (outbox.sql) and the least-privilege role (role.sql). `init` creates the table from outbox.sql.
+package outboxsql
+
+import (
+	_ "embed"
+	"strings"
+)
+
+// Outbox is sql/outbox.sql: the recommended table, its publication and an example transaction.
+//
+//go:embed outbox.sql
+var Outbox string
+
+// TableDDL is outbox.sql's CREATE TABLE statement for the table named qualified (already quoted).
+func TableDDL(qualified string) string {
+	start := strings.Index(Outbox, "CREATE TABLE")
+	end := strings.Index(Outbox[start:], ");") + start + 1
+	return strings.Replace(Outbox[start:end], "public.outbox", qualified, 1)
+}
