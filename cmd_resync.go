@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
@@ -65,7 +65,7 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
 			if opts.Until, err = parseTime("--until", until); err != nil {
 				return err
 			}
-			terminal := isTerminal(os.Stdin) && isTerminal(os.Stderr)
+			terminal := term.IsTerminal(int(os.Stdin.Fd())) && term.IsTerminal(int(os.Stderr.Fd()))
 			if terminal {
 				opts.Confirm = func(q string) bool {
 					fmt.Fprintf(os.Stderr, "%s [y/N] ", q)
@@ -114,40 +114,4 @@ func parseTime(flag, v string) (time.Time, error) {
 		}
 	}
 	return time.Time{}, fmt.Errorf("%s: want an RFC 3339 time such as 2026-12-01T00:00:00Z or a date, got %q", flag, v)
-}
-
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-// progressReporter shows snapshot progress: a bar with rate and ETA on a terminal, a plain line every
-// 10 seconds otherwise.
-func progressReporter(terminal bool) func(done, total int64) {
-	if terminal {
-		var bar *progressbar.ProgressBar
-		return func(done, total int64) {
-			if bar == nil {
-				bar = progressbar.NewOptions64(total, progressbar.OptionSetDescription("snapshot"),
-					progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowCount(), progressbar.OptionShowIts(),
-					progressbar.OptionSetItsString("rows"), progressbar.OptionThrottle(200*time.Millisecond),
-					progressbar.OptionOnCompletion(func() { fmt.Fprintln(os.Stderr) }))
-			}
-			_ = bar.Set64(done)
-		}
-	}
-	var last time.Time
-	start := time.Now()
-	return func(done, total int64) {
-		if time.Since(last) < 10*time.Second && done < total {
-			return
-		}
-		last = time.Now()
-		rate := float64(done) / max(time.Since(start).Seconds(), 0.001)
-		eta := "-"
-		if rate > 0 && total >= done {
-			eta = (time.Duration(float64(total-done)/rate) * time.Second).Round(time.Second).String()
-		}
-		fmt.Fprintf(os.Stderr, "snapshot: %d of %d rows acknowledged (%.0f rows/s, eta %s)\n", done, total, rate, eta)
-	}
 }

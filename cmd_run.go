@@ -45,7 +45,7 @@ Environment variables:
 			if err != nil {
 				return err
 			}
-			m.Watch(p.Snapshot)
+			m.Watch(p.Health)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if cfg.Metrics.Addr != "" {
@@ -55,7 +55,7 @@ Environment variables:
 				}
 				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
 				go func() {
-					if err := m.Serve(ctx, ln, p.Snapshot); err != nil {
+					if err := m.Serve(ctx, ln, p.Health); err != nil {
 						log.Error("metrics endpoint stopped", "error", err.Error())
 					}
 				}()

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/redact"
@@ -80,10 +81,8 @@ func newLogger(w io.Writer, cfg config.Config) *slog.Logger {
 	format := cfg.Log.Format
 	if format == "auto" {
 		format = "json"
-		if f, ok := w.(*os.File); ok {
-			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-				format = "text"
-			}
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			format = "text"
 		}
 	}
 	var h slog.Handler = slog.NewJSONHandler(w, opts)

@@ -101,23 +101,23 @@ func (m *Metrics) DeadLettered(eventType, reason string) {
 	m.deadLettered.WithLabelValues(eventType[len("dlq:"):], reason).Inc()
 }
 
-// Watch registers the metrics read from the pipeline's snapshot at every scrape.
-func (m *Metrics) Watch(snapshot func() pipeline.Snapshot) {
-	m.reg.MustRegister(&snapshotCollector{snapshot: snapshot})
+// Watch registers the metrics read from the pipeline's health at every scrape.
+func (m *Metrics) Watch(health func() pipeline.Health) {
+	m.reg.MustRegister(&healthCollector{health: health})
 }
 
 // Registry returns the registry, for tests and embedding.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // Handler serves /metrics, /healthz and /readyz.
-func (m *Metrics) Handler(snapshot func() pipeline.Snapshot) http.Handler {
+func (m *Metrics) Handler(health func() pipeline.Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		s := snapshot()
+		s := health()
 		if !s.Ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
@@ -127,8 +127,8 @@ func (m *Metrics) Handler(snapshot func() pipeline.Snapshot) http.Handler {
 }
 
 // Serve serves Handler on ln until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, ln net.Listener, snapshot func() pipeline.Snapshot) error {
-	srv := &http.Server{Handler: m.Handler(snapshot), ReadHeaderTimeout: 5 * time.Second}
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener, health func() pipeline.Health) error {
+	srv := &http.Server{Handler: m.Handler(health), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -141,9 +141,9 @@ func (m *Metrics) Serve(ctx context.Context, ln net.Listener, snapshot func() pi
 	return nil
 }
 
-// snapshotCollector turns one pipeline snapshot per scrape into metrics.
-type snapshotCollector struct {
-	snapshot func() pipeline.Snapshot
+// healthCollector turns one reading of the pipeline's health per scrape into metrics.
+type healthCollector struct {
+	health func() pipeline.Health
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -172,7 +172,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
 		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
 		descMonErrors, descMonSuccess, descSilence, descSlotActive} {
@@ -181,8 +181,8 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.snapshot()
+func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.health()
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
@@ -205,7 +205,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descConfirmed, float64(s.ConfirmedLSN))
 	gauge(descWALEnd, float64(s.ServerWALEnd))
 	// What is not known now is left out, never shown at its last value.
-	if s.Slot.Known && s.Slot.Exists {
+	if s.SlotKnown && s.Slot.Exists {
 		gauge(descSlotLag, float64(s.Slot.LagBytes))
 		gauge(descSlotActive, b2f(s.Slot.Active))
 	}
@@ -231,7 +231,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	status := s.Slot.WALStatus
 	switch {
-	case !s.Slot.Known:
+	case !s.SlotKnown:
 		status = "unknown"
 	case !s.Slot.Exists:
 		status = "missing"

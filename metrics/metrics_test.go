@@ -13,15 +13,17 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-func fixedSnapshot(state pipeline.State) func() pipeline.Snapshot {
-	return func() pipeline.Snapshot {
-		s := pipeline.Snapshot{
+func fixedHealth(state pipeline.State) func() pipeline.Health {
+	return func() pipeline.Health {
+		s := pipeline.Health{
 			State: state, Rows: 10, Transactions: 4, IgnoredDeletes: 3, Produced: 9, ProducedBytes: 900,
 			InFlightRecords: 1, InFlightBytes: 100, ConfirmedLSN: 5000, ServerWALEnd: 6000, SecondsBehind: 1.5,
 			Restarts: 2, Errors: map[string]int64{"kafka": 2}, LastServerMessage: time.Now(),
-			Slot:              pipeline.SlotStatus{Known: true, Exists: true, Active: true, ActivePID: 42, WALStatus: "reserved", LagBytes: 1000, ObservedAt: time.Now()},
+			Slot:      replication.SlotState{Name: "s", Exists: true, Active: true, ActivePID: 42, WALStatus: "reserved", LagBytes: 1000},
+			SlotKnown: true, SlotObservedAt: time.Now(),
 			SlotMonitorErrors: 1, SlotMonitorLastSuccess: time.Now(),
 		}
 		switch state {
@@ -56,7 +58,7 @@ func TestHealthEndpoints(t *testing.T) {
 	}
 	for _, tt := range tests {
 		m := New()
-		h := m.Handler(fixedSnapshot(tt.state))
+		h := m.Handler(fixedHealth(tt.state))
 		if code, body := get(t, h, "/readyz"); code != tt.code || !strings.Contains(body, tt.contains) {
 			t.Errorf("%s: /readyz = %d %q, want %d containing %q", tt.state, code, body, tt.code, tt.contains)
 		}
@@ -68,7 +70,7 @@ func TestHealthEndpoints(t *testing.T) {
 
 func TestMetricsExposition(t *testing.T) {
 	m := New()
-	snap := fixedSnapshot(pipeline.StateStreaming)
+	snap := fixedHealth(pipeline.StateStreaming)
 	m.Watch(snap)
 	m.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
 	m.DeadLettered("OrderPaid", "too_large")
@@ -103,8 +105,8 @@ func TestMetricsExposition(t *testing.T) {
 // unknown) is not active, its /readyz says why, and the slot figures that are not known now are left
 // out rather than shown at their last value.
 func TestUnknownIsNotShownAsHealthy(t *testing.T) {
-	snap := func() pipeline.Snapshot {
-		return pipeline.Snapshot{State: pipeline.StateStreaming, NotReady: "silent: nothing received from PostgreSQL for over 30s",
+	snap := func() pipeline.Health {
+		return pipeline.Health{State: pipeline.StateStreaming, NotReady: "silent: nothing received from PostgreSQL for over 30s",
 			LastServerMessage: time.Now().Add(-time.Minute), Errors: map[string]int64{}, SlotMonitorErrors: 3}
 	}
 	m := New()
@@ -150,7 +152,7 @@ func TestLabelCardinalityIsBounded(t *testing.T) {
 // rules is a metric this package exposes.
 func TestDashboardsUseExistingMetrics(t *testing.T) {
 	m := New()
-	m.Watch(fixedSnapshot(pipeline.StateStreaming))
+	m.Watch(fixedHealth(pipeline.StateStreaming))
 	m.Produced("t", "e", 1, time.Millisecond, time.Millisecond)
 	m.DeadLettered("e", "unroutable")
 	families, err := m.Registry().Gather()
@@ -215,7 +217,7 @@ func TestInvalidUTF8LabelsNeverPanic(t *testing.T) {
 	m.DeadLettered(bad, "unroutable")
 	m.DeadLettered("\xc3", "rejected")
 	rec := httptest.NewRecorder()
-	m.Handler(fixedSnapshot(pipeline.StateStreaming)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m.Handler(fixedHealth(pipeline.StateStreaming)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body := rec.Body.String()
 	if !strings.Contains(body, `event_type="Order`+"\uFFFD"+`Paid"`) {
 		t.Fatalf("the invalid event type is not counted under its sanitized name:\n%s", body)

@@ -113,11 +113,11 @@ func TestFastShutdownIsNotHeldWhileKafkaIsDown(t *testing.T) {
 	insertOn(t, cluster.URL, more)
 	want = append(want, more...)
 	time.Sleep(cfg.Kafka.AckTimeout + 3*time.Second)
-	if slotActive(t, cluster.URL) || run.p.State() == StateStreaming || run.p.Snapshot().Ready {
+	if slotActive(t, cluster.URL) || run.p.State() == StateStreaming || run.p.Health().Ready {
 		t.Fatalf("with Kafka away the router holds the slot (state %s)", run.p.State())
 	}
 	testenv.StartKafka(t)
-	testenv.WaitFor(t, time.Minute, "streaming after Kafka's return", func() bool { return run.p.Snapshot().Ready })
+	testenv.WaitFor(t, time.Minute, "streaming after Kafka's return", func() bool { return run.p.Health().Ready })
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Held"), len(want), 2*time.Minute)
 	testenv.VerifyDelivery(t, f, want, got)
 }
@@ -149,7 +149,7 @@ func TestKafkaStallReleasesTheSlot(t *testing.T) {
 		return !active
 	})
 	t.Logf("slot released %s after Kafka stopped (kafka.ack_timeout %s)", time.Since(stalled).Round(100*time.Millisecond), cfg.Kafka.AckTimeout)
-	if s := run.p.Snapshot(); s.Ready {
+	if s := run.p.Health(); s.Ready {
 		t.Fatalf("ready while Kafka is away and the slot released: %+v", s.NotReady)
 	}
 	testenv.StartKafka(t)

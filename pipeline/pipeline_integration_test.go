@@ -336,7 +336,7 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	}
 	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Reserved"), len(want), 2*time.Minute)
 	dups := testenv.VerifyDelivery(t, f, want, got)
-	s := run.p.Snapshot()
+	s := run.p.Health()
 	t.Logf("%d events across 2 connection losses: %d reconnects, %d duplicates", len(want), s.Restarts, dups)
 	if s.Restarts < 2 || s.Errors["postgres"] < 2 {
 		t.Errorf("snapshot counts %d reconnects and %v errors, want at least 2 postgres failures", s.Restarts, s.Errors)
@@ -496,5 +496,5 @@ func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
 		}
 		t.Fatalf("dead-letter topic holds %v, want only the big event %s", ids, big.ID)
 	}
-	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], outbox.HeaderDLQReason), run.p.Snapshot().Restarts)
+	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], outbox.HeaderDLQReason), run.p.Health().Restarts)
 }

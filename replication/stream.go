@@ -1,6 +1,10 @@
-// Package replication reads committed outbox inserts from PostgreSQL's WAL through a logical
-// replication slot (pgoutput) and confirms positions back to the server. It knows nothing of Kafka:
-// it hands each row to a Handler and asks the checkpoint tracker which position is safe to confirm.
+// Package replication is outbox-cdc's only conversation with PostgreSQL. Stream reads committed
+// outbox inserts from the WAL through a logical replication slot (pgoutput) and confirms positions
+// back to the server; Catalog, an ordinary connection, asks everything else — set-up checks and DDL,
+// the slot's state, the outbox's publication check, the facts `init` and `status` report, resync's
+// marker and lock; Snapshot reads the rows of an exported snapshot for resync. It knows nothing of
+// Kafka: the stream hands each row to a Handler and asks the checkpoint tracker which position is
+// safe to confirm.
 package replication
 
 import (

@@ -19,7 +19,7 @@ var reservedHeaders = map[string]bool{
 
 // buildRecord makes the record for row without its topic: key = aggregate_id, value = payload bytes
 // as stored, headers from the row's columns and every key of its headers JSON object. A row that can
-// never be a valid record returns an *Unroutable error; the record returned with it still carries
+// never be a valid record returns an *undeliverable error; the record returned with it still carries
 // what could be read, for the dead-letter topic.
 func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 	rec := &kgo.Record{}
@@ -27,10 +27,10 @@ func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
 		rec.Key = id
 	} else {
-		problem = &Unroutable{Reason: fmt.Sprintf("column %s (aggregate id, the Kafka key) is NULL or empty", cols.AggregateID)}
+		problem = &undeliverable{reason: fmt.Sprintf("column %s (aggregate id, the Kafka key) is NULL or empty", cols.AggregateID)}
 	}
 	if id, ok := row.Value(cols.EventID); (!ok || len(id) == 0) && problem == nil {
-		problem = &Unroutable{Reason: fmt.Sprintf("column %s (event id, which consumers deduplicate on) is NULL or empty", cols.EventID)}
+		problem = &undeliverable{reason: fmt.Sprintf("column %s (event id, which consumers deduplicate on) is NULL or empty", cols.EventID)}
 	}
 	if v, ok := row.Value(cols.Payload); ok {
 		rec.Value = v
@@ -52,7 +52,7 @@ func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 		if raw, ok := row.Value(cols.Headers); ok && len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 			extra, err := jsonHeaders(raw)
 			if err != nil && problem == nil {
-				problem = &Unroutable{Reason: fmt.Sprintf("column %s: %v", cols.Headers, err)}
+				problem = &undeliverable{reason: fmt.Sprintf("column %s: %v", cols.Headers, err)}
 			}
 			rec.Headers = append(rec.Headers, extra...)
 		}

@@ -1,6 +1,7 @@
-// Package router turns outbox rows into Kafka records and delivers them: it chooses each row's topic,
-// builds key, value and headers, produces with franz-go, and sends rows that can never be delivered
-// to the dead-letter topic with their reason. It knows nothing of the WAL format.
+// Package router is outbox-cdc's only conversation with Kafka: it turns outbox rows into records and
+// delivers them — chooses each row's topic, builds key, value and headers, produces with franz-go,
+// sends rows that can never be delivered to the dead-letter topic with their reason — and its Admin
+// lists and creates topics for the operator commands. It knows nothing of the WAL format.
 package router
 
 import (
@@ -102,20 +103,20 @@ func NewRules(routing config.Routing, cols config.Columns) (*Rules, error) {
 	return r, nil
 }
 
-// Unroutable explains why a row has no topic; such a row goes to the dead-letter topic.
-type Unroutable struct {
-	// Reason says why, for the dead-letter header.
-	Reason string
+// undeliverable says why a row can never be delivered (no topic, no key, too large, ...): such a row
+// goes to the dead-letter topic with this reason, or becomes an UndeliverableError without one.
+type undeliverable struct {
+	reason string
 }
 
 // Error implements error.
-func (u *Unroutable) Error() string { return u.Reason }
+func (u *undeliverable) Error() string { return u.reason }
 
-// Topic returns the topic for row, or an *Unroutable error.
+// Topic returns the topic for row, or an *undeliverable error.
 func (r *Rules) Topic(row Row) (string, error) {
 	et, ok := row.Value(r.cols.EventType)
 	if !ok || len(et) == 0 {
-		return "", &Unroutable{Reason: fmt.Sprintf("column %s (event type) is NULL or empty", r.cols.EventType)}
+		return "", &undeliverable{reason: fmt.Sprintf("column %s (event type) is NULL or empty", r.cols.EventType)}
 	}
 	if t, ok := r.topics[string(et)]; ok {
 		return t, nil
@@ -140,7 +141,7 @@ func (r *Rules) Topic(row Row) (string, error) {
 		return r.orFallback(fmt.Sprintf("topic %q is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-], not starting with __, which Kafka keeps for itself)", truncate(topic, 300)))
 	}
 	if !r.Allowed(topic) {
-		return "", &Unroutable{Reason: fmt.Sprintf("topic %q matches no pattern of routing.allowed_topics", topic)}
+		return "", &undeliverable{reason: fmt.Sprintf("topic %q matches no pattern of routing.allowed_topics", topic)}
 	}
 	return topic, nil
 }
@@ -173,7 +174,7 @@ func (r *Rules) orFallback(reason string) (string, error) {
 	if r.fallback != "" {
 		return r.fallback, nil
 	}
-	return "", &Unroutable{Reason: reason}
+	return "", &undeliverable{reason: reason}
 }
 
 func truncate(s string, n int) string {

@@ -295,9 +295,9 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		}
 		switch {
 		case info.refused != "":
-			problem, class = &Unroutable{Reason: info.refused}, "unroutable"
+			problem, class = &undeliverable{reason: info.refused}, "unroutable"
 		case size > int(info.limit):
-			problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
+			problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
 			class = "too_large"
 		}
 	}
@@ -412,7 +412,7 @@ func resolve(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) 
 	size = recordSize(rec)
 	class = "unroutable"
 	if problem == nil && size > int(maxMessageBytes) {
-		problem = &Unroutable{Reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
+		problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
 		class = "too_large"
 	}
 	return rec, size, problem, class

@@ -12,27 +12,8 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
-// SlotStatus is the slot as pg_replication_slots shows it, polled every slotPollInterval.
-type SlotStatus struct {
-	// Known is true when the latest poll succeeded (within slotStale); false means unknown, never
-	// "missing" or "healthy".
-	Known bool
-	// Exists reports whether the slot exists.
-	Exists bool
-	// Active reports whether a walsender streams from the slot, ActivePID which one (this instance or
-	// another).
-	Active    bool
-	ActivePID int
-	// WALStatus is reserved, extended, unreserved or lost.
-	WALStatus string
-	// LagBytes is pg_current_wal_lsn() minus confirmed_flush_lsn.
-	LagBytes int64
-	// ObservedAt is when the poll that saw this ran.
-	ObservedAt time.Time
-}
-
-// Snapshot is a consistent-enough view of the pipeline for metrics and health checks.
-type Snapshot struct {
+// Health is a consistent-enough view of the pipeline for metrics and health checks.
+type Health struct {
 	// State is what the pipeline is doing.
 	State State
 	// Ready is true only when the pipeline streams, has heard from the server within
@@ -54,8 +35,11 @@ type Snapshot struct {
 	Restarts int64
 	// Errors counts failures by class: postgres, kafka, undeliverable.
 	Errors map[string]int64
-	// Slot is the latest poll of pg_replication_slots.
-	Slot SlotStatus
+	// Slot is the slot monitor's latest reading of pg_replication_slots (every slotPollInterval),
+	// valid only when SlotKnown: the reading succeeded, at SlotObservedAt, within slotStale.
+	Slot           replication.SlotState
+	SlotKnown      bool
+	SlotObservedAt time.Time
 	// SlotMonitorErrors counts failed polls; SlotMonitorLastSuccess is when one last succeeded.
 	SlotMonitorErrors      int64
 	SlotMonitorLastSuccess time.Time
@@ -64,14 +48,15 @@ type Snapshot struct {
 	LastVerified time.Time
 }
 
-// observed is the pipeline's mutable state read by Snapshot.
+// observed is the pipeline's mutable state read by Health.
 type observed struct {
 	mu          sync.Mutex
 	tracker     *checkpoint.Tracker
 	backendPID  int // the walsender of the current session, 0 without one
 	restarts    int64
 	errors      map[string]int64
-	slot        SlotStatus
+	slot        replication.SlotState // valid when slotAt is not zero
+	slotAt      time.Time
 	slotErrors  int64
 	slotSuccess time.Time
 	verified    time.Time
@@ -123,9 +108,9 @@ func (e *kafkaError) Error() string { return e.err.Error() }
 // Unwrap returns the underlying error.
 func (e *kafkaError) Unwrap() error { return e.err }
 
-// Snapshot returns the pipeline's current figures.
-func (p *Pipeline) Snapshot() Snapshot {
-	s := Snapshot{
+// Health returns the pipeline's current figures and readiness.
+func (p *Pipeline) Health() Health {
+	s := Health{
 		State:              p.State(),
 		Rows:               p.Replication.Rows.Load(),
 		Transactions:       p.Replication.Transactions.Load(),
@@ -151,12 +136,13 @@ func (p *Pipeline) Snapshot() Snapshot {
 	for k, v := range p.obs.errors {
 		s.Errors[k] = v
 	}
-	s.Slot = p.obs.slot
+	s.Slot, s.SlotObservedAt = p.obs.slot, p.obs.slotAt
+	s.SlotKnown = !s.SlotObservedAt.IsZero() && time.Since(s.SlotObservedAt) <= slotStale
 	s.SlotMonitorErrors, s.SlotMonitorLastSuccess = p.obs.slotErrors, p.obs.slotSuccess
 	s.LastVerified = p.obs.verified
 	p.obs.mu.Unlock()
-	if s.Slot.Known && time.Since(s.Slot.ObservedAt) > slotStale {
-		s.Slot = SlotStatus{} // too old to tell anything
+	if !s.SlotKnown {
+		s.Slot = replication.SlotState{Name: p.cfg.Postgres.Slot} // nothing known, never an old reading
 	}
 	if tr != nil && s.State == StateStreaming {
 		if st := tr.Stats(); !st.OldestCommitTime.IsZero() {
@@ -169,7 +155,7 @@ func (p *Pipeline) Snapshot() Snapshot {
 
 // readiness says whether the pipeline is ready: streaming, hearing from the server, and holding the
 // slot as the monitor last saw it. Each signal is a fresh observation; an old one counts as unknown.
-func (p *Pipeline) readiness(s Snapshot, backendPID int) (bool, string) {
+func (p *Pipeline) readiness(s Health, backendPID int) (bool, string) {
 	switch {
 	case s.State == StateStandby:
 		return false, "standby: another instance holds the slot; this one takes over when it frees"
@@ -177,7 +163,7 @@ func (p *Pipeline) readiness(s Snapshot, backendPID int) (bool, string) {
 		return false, s.State.String() + ": not streaming (connecting, waiting for Kafka, or retrying after a failure)"
 	case s.LastServerMessage.IsZero() || time.Since(s.LastServerMessage) > p.cfg.Postgres.ReceiveTimeout:
 		return false, fmt.Sprintf("silent: nothing received from PostgreSQL for over %s (postgres.receive_timeout)", p.cfg.Postgres.ReceiveTimeout)
-	case !s.Slot.Known:
+	case !s.SlotKnown:
 		return false, "unknown: the slot monitor has no recent observation of the slot"
 	case !s.Slot.Active || s.Slot.ActivePID != backendPID:
 		return false, fmt.Sprintf("not holding the slot: pg_replication_slots shows it active=%t for pid %d, this instance's walsender is pid %d", s.Slot.Active, s.Slot.ActivePID, backendPID)
@@ -217,10 +203,10 @@ func (p *Pipeline) pollSlot(ctx context.Context, poke <-chan struct{}) {
 		now := time.Now()
 		p.obs.mu.Lock()
 		if err != nil {
-			p.obs.slot = SlotStatus{}
+			p.obs.slot, p.obs.slotAt = replication.SlotState{}, time.Time{}
 			p.obs.slotErrors++
 		} else {
-			p.obs.slot = SlotStatus{Known: true, Exists: st.Exists, Active: st.Active, ActivePID: st.ActivePID, WALStatus: st.WALStatus, LagBytes: st.LagBytes, ObservedAt: now}
+			p.obs.slot, p.obs.slotAt = st, now
 			p.obs.slotSuccess = now
 		}
 		p.obs.mu.Unlock()
