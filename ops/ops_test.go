@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +84,24 @@ func TestEvaluateStatus(t *testing.T) {
 	recent.Slot.Active, recent.Slot.InactiveSeconds = false, 5
 	if p := evaluate(recent, 100, 60_000_000_000); len(p) != 0 {
 		t.Fatalf("a slot inactive for 5 s under a 1 min threshold is unhealthy: %v", p)
+	}
+}
+
+// TestPrintSaysUnknownWhenTheDatabaseIsDown: the table never claims missing objects when
+// PostgreSQL did not answer.
+func TestPrintSaysUnknownWhenTheDatabaseIsDown(t *testing.T) {
+	var b strings.Builder
+	Status{Postgres: PostgresReport{Target: "u@h:5432/db"}, Slot: replication.SlotState{Name: "s"}, Publication: replication.PublicationState{Name: "p"},
+		Outbox: replication.OutboxState{Table: "public.outbox"}}.Print(&b)
+	if len(regexp.MustCompile(`exists\s+unknown`).FindAllString(b.String(), -1)) != 3 || regexp.MustCompile(`exists\s+no\n`).MatchString(b.String()) {
+		t.Fatalf("status table:\n%s", b.String())
+	}
+	b.Reset()
+	Status{Postgres: PostgresReport{Reachable: true}, Slot: replication.SlotState{Name: "s", Exists: true, Active: true, ActivePID: 7},
+		Publication: replication.PublicationState{Name: "p"}, Healthy: true}.Print(&b)
+	for _, want := range []string{`yes \(pid 7\)`, `exists\s+no\n`, `health\s+ok`} {
+		if !regexp.MustCompile(want).MatchString(b.String()) {
+			t.Errorf("status table lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -166,42 +166,36 @@ func (st Status) Print(w io.Writer) {
 	if !st.Postgres.Reachable {
 		fmt.Fprintf(tw, "  reachable\tno: slot, publication and outbox unknown\n")
 	}
-	unknown := func() { fmt.Fprintf(tw, "  exists\tunknown\n") }
+	// Each PostgreSQL object: its details, "no" when it does not exist, "unknown" when the database
+	// did not answer.
+	section := func(kind, name string, exists bool, details func()) {
+		fmt.Fprintf(tw, "%s\t%s\n", kind, name)
+		switch {
+		case !st.Postgres.Reachable:
+			fmt.Fprintf(tw, "  exists\tunknown\n")
+		case exists:
+			details()
+		default:
+			fmt.Fprintf(tw, "  exists\tno\n")
+		}
+	}
 	s := st.Slot
-	fmt.Fprintf(tw, "slot\t%s\n", s.Name)
-	switch {
-	case !st.Postgres.Reachable:
-		unknown()
-	case s.Exists:
+	section("slot", s.Name, s.Exists, func() {
 		active := "no"
 		if s.Active {
 			active = fmt.Sprintf("yes (pid %d)", s.ActivePID)
 		}
 		fmt.Fprintf(tw, "  active\t%s\n  wal_status\t%s\n  confirmed_flush_lsn\t%s\n  restart_lsn\t%s\n  WAL held\t%s\n  lag\t%s\n",
 			active, s.WALStatus, s.ConfirmedFlush, s.RestartLSN, bytesHuman(s.WALHeldBytes), bytesHuman(s.LagBytes))
-	default:
-		fmt.Fprintf(tw, "  exists\tno\n")
-	}
+	})
 	p := st.Publication
-	fmt.Fprintf(tw, "publication\t%s\n", p.Name)
-	switch {
-	case !st.Postgres.Reachable:
-		unknown()
-	case p.Exists:
+	section("publication", p.Name, p.Exists, func() {
 		fmt.Fprintf(tw, "  publishes inserts\t%t\n  tables\t%s\n", p.PublishInsert, strings.Join(p.Tables, ", "))
-	default:
-		fmt.Fprintf(tw, "  exists\tno\n")
-	}
+	})
 	o := st.Outbox
-	fmt.Fprintf(tw, "outbox\t%s\n", o.Table)
-	switch {
-	case !st.Postgres.Reachable:
-		unknown()
-	case o.Exists:
+	section("outbox", o.Table, o.Exists, func() {
 		fmt.Fprintf(tw, "  rows (estimate)\t%d\n  oldest row\t%s\n", o.RowEstimate, (time.Duration(o.OldestAgeSeconds) * time.Second).String())
-	default:
-		fmt.Fprintf(tw, "  exists\tno\n")
-	}
+	})
 	k := st.Kafka
 	fmt.Fprintf(tw, "kafka\t%s\n  reachable\t%t\n", strings.Join(k.Brokers, ","), k.Reachable)
 	if len(k.TopicsPresent)+len(k.TopicsMissing) > 0 {

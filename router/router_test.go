@@ -53,27 +53,39 @@ func failProduce(c *kfake.Cluster, topic string, errCode int16) {
 	})
 }
 
-func newTestRouter(t *testing.T, c *kfake.Cluster, dlq string) (*Router, *Counters) {
+// testRouter starts a router on the fake cluster c, closed when the test ends: routing by
+// {event_type}, small in-flight caps, created topics of one partition; mutate adjusts the options.
+func testRouter(t *testing.T, c *kfake.Cluster, mutate func(o *Options)) *Router {
 	t.Helper()
 	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
 	if err != nil {
 		t.Fatal(err)
 	}
-	counters := new(Counters)
-	r, err := New(Options{
-		Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
-		Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-		Rules:    rules,
-		Columns:  defaultCols,
-		DLQTopic: dlq,
-		Counters: counters,
-		// Produce requests up to Kafka 3.9 name their topics, which failProduce matches on.
-		ExtraOpts: []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0())},
-	})
+	o := Options{
+		Kafka:  config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
+		Limits: config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:  rules, Columns: defaultCols,
+	}
+	if mutate != nil {
+		mutate(&o)
+	}
+	r, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
+	return r
+}
+
+func newTestRouter(t *testing.T, c *kfake.Cluster, dlq string) (*Router, *Counters) {
+	t.Helper()
+	counters := new(Counters)
+	r := testRouter(t, c, func(o *Options) {
+		o.DLQTopic = dlq
+		o.Counters = counters
+		// Produce requests up to Kafka 3.9 name their topics, which failProduce matches on.
+		o.ExtraOpts = []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0())}
+	})
 	return r, counters
 }
 
@@ -187,26 +199,15 @@ func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
 	const commitLSN = 42
 
 	newRouter := func(isolateUntil uint64, obs Observer) (*Router, *Counters) {
-		rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-		if err != nil {
-			t.Fatal(err)
-		}
 		counters := new(Counters)
-		r, err := New(Options{
-			Kafka:        config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000, Linger: 50 * time.Millisecond},
-			Limits:       config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-			Rules:        rules,
-			Columns:      defaultCols,
-			DLQTopic:     "dlq",
-			Counters:     counters,
-			Observer:     obs,
-			IsolateUntil: isolateUntil,
-			ExtraOpts:    []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())},
+		r := testRouter(t, c, func(o *Options) {
+			o.Kafka.Linger = 50 * time.Millisecond
+			o.DLQTopic = "dlq"
+			o.Counters = counters
+			o.Observer = obs
+			o.IsolateUntil = isolateUntil
+			o.ExtraOpts = []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(r.Close)
 		return r, counters
 	}
 	produceAll := func(r *Router, acked *atomic.Int32) {
@@ -306,25 +307,14 @@ func TestRefusedTopicsAreUndeliverable(t *testing.T) {
 			}
 			defer c.Close()
 			tt.control(c)
-			rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-			if err != nil {
-				t.Fatal(err)
-			}
 			obs := &classes{}
 			counters := new(Counters)
-			r, err := New(Options{
-				Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: tt.create, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
-				Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-				Rules:    rules,
-				Columns:  defaultCols,
-				DLQTopic: "dlq",
-				Counters: counters,
-				Observer: obs,
+			r := testRouter(t, c, func(o *Options) {
+				o.Kafka.CreateTopics = tt.create
+				o.DLQTopic = "dlq"
+				o.Counters = counters
+				o.Observer = obs
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			p, err := r.Prepare(ctx, row("a.b", "e1"), Source{LSN: "0/1"})
@@ -359,21 +349,10 @@ func TestTopicSetupTimeoutIsNotTakenForAWait(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		return nil, nil, false
 	})
-	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Options{
-		Kafka:             config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
-		Limits:            config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-		Rules:             rules,
-		Columns:           defaultCols,
-		TopicSetupTimeout: 300 * time.Millisecond,
+	r := testRouter(t, c, func(o *Options) {
+		o.Kafka.CreateTopics = true
+		o.TopicSetupTimeout = 300 * time.Millisecond
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = r.Prepare(ctx, row("slow", "e1"), Source{})
@@ -453,20 +432,9 @@ func TestSlowTopicCreationIsNotRestarted(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		return nil, nil, false
 	})
-	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Options{
-		Kafka:   config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
-		Limits:  config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-		Rules:   rules,
-		Columns: defaultCols,
+	r := testRouter(t, c, func(o *Options) {
+		o.Kafka.CreateTopics = true
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	attempts := 0
 	for {
 		attempts++
@@ -503,21 +471,9 @@ func TestMissingDeadLetterTopicFailsAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Options{
-		Kafka:    config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
-		Limits:   config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-		Rules:    rules,
-		Columns:  defaultCols,
-		DLQTopic: "no-such-dlq",
+	r := testRouter(t, c, func(o *Options) {
+		o.DLQTopic = "no-such-dlq"
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := r.Ping(ctx); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "routing.dlq_topic") {
@@ -565,22 +521,10 @@ func TestPartitionGrowthIsWarnedOnce(t *testing.T) {
 	defer c.Close()
 	var logs bytes.Buffer
 	var mu sync.Mutex
-	rules, err := NewRules(config.Routing{Topic: "{event_type}"}, defaultCols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Options{
-		Kafka:     config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test", MaxMessageBytes: 100000},
-		Limits:    config.Limits{MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
-		Rules:     rules,
-		Columns:   defaultCols,
-		Logger:    slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)),
-		ExtraOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.MetadataMaxAge(100 * time.Millisecond)},
+	r := testRouter(t, c, func(o *Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+		o.ExtraOpts = []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.MetadataMaxAge(100 * time.Millisecond)}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	sendAll := func(n int) {
 		var wg sync.WaitGroup
 		for i := 0; i < n; i++ {
