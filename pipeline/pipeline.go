@@ -322,13 +322,22 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		}
 		vcancel()
 	}
-	// One last status update: everything acknowledged so far, and nothing more.
-	if cerr := stream.Confirm(); cerr != nil && runErr == nil {
+	// One last status update: everything acknowledged so far, and nothing more. On a graceful stop the
+	// stream is ended properly, so that the update is applied before the connection closes.
+	if graceful {
+		fctx, fcancel := context.WithTimeout(context.Background(), finishTimeout)
+		if err := stream.Finish(fctx); err == nil {
+			p.log.Debug("replication stream ended cleanly")
+		} else {
+			p.log.Warn("shutdown: the replication stream did not end cleanly; the final confirm may be lost (the next start re-sends it)", "error", err.Error())
+		}
+		fcancel()
+	} else if cerr := stream.Confirm(); cerr != nil && runErr == nil {
 		runErr = cerr
 	}
 	if graceful {
 		st := tracker.Stats()
-		p.log.Info("stopped", "confirmed_lsn", p.Replication.ConfirmedLSN.Load(), "unacknowledged_records", st.PendingRecords)
+		p.log.Info("stopped", "confirmed_lsn", checkpoint.LSN(p.Replication.ConfirmedLSN.Load()).String(), "unacknowledged_records", st.PendingRecords)
 		return nil
 	}
 	return runErr
@@ -375,6 +384,9 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog,
 	}
 	return cat, res, nil
 }
+
+// finishTimeout bounds the clean end of the replication stream at a graceful stop.
+const finishTimeout = 5 * time.Second
 
 // verifyInterval is how often the outbox's publication is verified while streaming: confirms are
 // held at the last verified position, so this bounds how far they trail the watermark.

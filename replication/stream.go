@@ -450,6 +450,32 @@ func (s *Stream) Confirm() error {
 	return s.sendStatus(s.confirmable(), false)
 }
 
+// Finish ends the stream after a graceful stop: it sends the final status update, then CopyDone, and
+// waits (bounded by ctx) for the server to end the stream, which it does only after processing every
+// message before CopyDone — so that when Finish returns, the final confirm is applied, not merely
+// written to a socket that closes right after.
+func (s *Stream) Finish(ctx context.Context) error {
+	if err := s.Confirm(); err != nil {
+		return err
+	}
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("end the replication stream: %w", err)
+	}
+	for {
+		msg, err := s.conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("end the replication stream: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("end the replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		}
+	}
+}
+
 // BackendPID is the server process of the replication connection: the walsender that holds the slot.
 func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
 
