@@ -93,8 +93,8 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	if slot.Exists {
-		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %s of WAL\n",
-			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, cat.WALHeld(ctx, cfg.Postgres.Slot))
+		fmt.Fprintf(o.Out, "slot %s exists: active=%t wal_status=%s confirmed_flush_lsn=%s, holding %.1f MB of WAL\n",
+			cfg.Postgres.Slot, slot.Active, orDash(slot.WALStatus), slot.ConfirmedFlush, float64(slot.WALHeldBytes)/1e6)
 		if slot.Active {
 			return fmt.Errorf("%w: slot %q is held by a running router (pid %d): stop it before resync", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
 		}

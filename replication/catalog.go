@@ -115,9 +115,8 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	var res SetupResult
 	var walLevel string
 	var replication bool
-	var version int
 	if err := c.conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
-		`+MayReplicateSQL).Scan(&walLevel, &version, &replication); err != nil {
+		`+MayReplicateSQL).Scan(&walLevel, &c.version, &replication); err != nil {
 		return res, fmt.Errorf("read server settings: %w", err)
 	}
 	if walLevel != "logical" {
@@ -140,7 +139,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		}
 	}
 
-	created, warnings, err := c.publication(ctx, o, table, version)
+	created, warnings, err := c.publication(ctx, o, table)
 	if err != nil {
 		return res, err
 	}
@@ -211,7 +210,7 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 }
 
 // publication checks (or creates) the publication for the table.
-func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts, version int) (created bool, warnings []string, err error) {
+func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts) (created bool, warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
 	var insert, viaRoot bool
 	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot)
@@ -238,7 +237,7 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts,
 	var published []string
 	var filter *string
 	q := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
-	if version >= 150000 {
+	if c.version >= 150000 { // read by Setup just before
 		q = `SELECT true, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	}
 	err = c.conn.QueryRow(ctx, q, o.Outbox.Publication, o.Outbox.Schema, o.Outbox.Table).Scan(&in, &published, &filter)

@@ -172,12 +172,3 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		}
 	}
 }
-
-// WALHeld returns how much WAL the slot keeps (pg_current_wal_lsn() - restart_lsn), pretty-printed.
-func (c *Catalog) WALHeld(ctx context.Context, slot string) string {
-	var held *string
-	if err := c.conn.QueryRow(ctx, `SELECT pg_size_pretty(pg_current_wal_lsn() - restart_lsn) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&held); err != nil || held == nil {
-		return "an unknown amount"
-	}
-	return *held
-}

@@ -165,14 +165,10 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 	return s, nil
 }
 
-// StartLSN is the slot's confirmed position when the stream started; a tracker for this stream must
-// start there.
-func (s *Stream) StartLSN() LSN { return s.sentLSN }
-
 // Run receives the WAL until ctx ends or an error occurs, handing outbox rows to h and confirming the
 // tracker's watermark: within a second after it moves, at once when the server asks, and at least
 // every StatusInterval. It returns ctx's error when ctx ends. The tracker must have been created at
-// StartLSN and be used by this stream only.
+// Options.StartLSN and be used by this stream only.
 func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) error {
 	s.tracker = tr
 	defer func() {
