@@ -14,6 +14,7 @@ import (
 )
 
 func newRunCommand() *cobra.Command {
+	var acceptGap bool
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Stream the outbox to Kafka until stopped",
@@ -26,13 +27,23 @@ Kafka errors are retried from the slot with exponential backoff; the slot never 
 Kafka has not acknowledged. On SIGINT/SIGTERM it stops reading, waits up to shutdown_timeout for
 in-flight acknowledgements, confirms them and exits 0.
 
+With kafka.delivery=exactly-once (--delivery exactly-once) records are produced in Kafka transactions
+that hold whole PostgreSQL transactions and a checkpoint record (kafka.checkpoint_topic); consumers
+that read with isolation.level=read_committed see every event exactly once, through crashes and
+takeovers. At start the last checkpoint is read back: transactions it holds are skipped, and a slot
+that stands ahead of it (dropped and created anew, advanced by hand) is refused unless --accept-gap
+is given.
+
 Environment variables:
 ` + config.EnvReference(),
 		Example: `  # Local services from "make up":
   outbox-cdc run --postgres postgres://outbox:outbox-dev-secret@127.0.0.1:55432/outbox --brokers 127.0.0.1:59092
 
   # Route every event of an aggregate type to one topic, with a dead-letter topic:
-  outbox-cdc run --config outbox-cdc.yaml --topic 'outbox.{aggregate_type}' --dlq-topic outbox.dlq`,
+  outbox-cdc run --config outbox-cdc.yaml --topic 'outbox.{aggregate_type}' --dlq-topic outbox.dlq
+
+  # Exactly-once for read_committed consumers:
+  outbox-cdc run --config outbox-cdc.yaml --delivery exactly-once`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
@@ -41,7 +52,11 @@ Environment variables:
 			}
 			log := newLogger(os.Stderr, cfg)
 			m := metrics.New()
-			p, err := pipeline.New(cfg, log, pipeline.WithObserver(m))
+			opts := []pipeline.Option{pipeline.WithObserver(m)}
+			if acceptGap {
+				opts = append(opts, pipeline.WithAcceptGap())
+			}
+			p, err := pipeline.New(cfg, log, opts...)
 			if err != nil {
 				return err
 			}
@@ -70,5 +85,6 @@ Environment variables:
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&acceptGap, "accept-gap", false, "exactly-once mode: start even though the slot stands ahead of the last checkpoint in Kafka (events between them may never have reached Kafka)")
 	return cmd
 }

@@ -100,11 +100,37 @@ type Kafka struct {
 	// cannot confirm would hold PostgreSQL, whose walsender waits at shutdown for its client to
 	// confirm what it sent. 0 keeps the connection however long Kafka is away.
 	AckTimeout time.Duration `yaml:"ack_timeout"`
+	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce: Kafka transactions that
+	// hold whole PostgreSQL transactions and a checkpoint, so that read_committed consumers see every
+	// event once.
+	Delivery string `yaml:"delivery"`
+	// CheckpointTopic is the compacted topic of the exactly-once mode's checkpoints.
+	CheckpointTopic string `yaml:"checkpoint_topic"`
+	// TransactionInterval is how long a Kafka transaction of the exactly-once mode stays open to take
+	// more PostgreSQL transactions; TransactionMaxRecords ends one sooner (whole PostgreSQL
+	// transactions are never split, so a larger one makes a larger Kafka transaction).
+	TransactionInterval   time.Duration `yaml:"transaction_interval"`
+	TransactionMaxRecords int           `yaml:"transaction_max_records"`
+	// TransactionTimeout is the Kafka transaction timeout (transaction.timeout.ms): the broker aborts a
+	// transaction left open longer, and it must cover the largest PostgreSQL transaction's delivery.
+	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 	// TLS and SASL secure the connections to the brokers.
 	TLS KafkaTLS `yaml:"tls"`
 	// SASL authenticates to the brokers.
 	SASL KafkaSASL `yaml:"sasl"`
 }
+
+// The delivery modes of kafka.delivery.
+const (
+	// DeliveryAtLeastOnce produces without transactions: a crash replays what the slot had not confirmed.
+	DeliveryAtLeastOnce = "at-least-once"
+	// DeliveryExactlyOnce produces in Kafka transactions with a checkpoint: read_committed consumers see
+	// every event exactly once.
+	DeliveryExactlyOnce = "exactly-once"
+)
+
+// ExactlyOnce reports whether kafka.delivery is exactly-once.
+func (k Kafka) ExactlyOnce() bool { return k.Delivery == DeliveryExactlyOnce }
 
 // KafkaTLS configures TLS to the brokers.
 type KafkaTLS struct {
@@ -199,6 +225,11 @@ func Default() Config {
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
 			AckTimeout:             10 * time.Second,
+			Delivery:               DeliveryAtLeastOnce,
+			CheckpointTopic:        "outbox-cdc.checkpoints",
+			TransactionInterval:    25 * time.Millisecond,
+			TransactionMaxRecords:  10000,
+			TransactionTimeout:     time.Minute,
 		},
 		Routing:         Routing{Topic: "{event_type}"},
 		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
@@ -325,6 +356,24 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.AckTimeout != 0 && c.Kafka.AckTimeout < time.Second {
 		bad("kafka.ack_timeout", "must be 0 (never release) or at least 1s, got %s", c.Kafka.AckTimeout)
+	}
+	switch c.Kafka.Delivery {
+	case DeliveryAtLeastOnce:
+	case DeliveryExactlyOnce:
+		if c.Kafka.CheckpointTopic == "" {
+			bad("kafka.checkpoint_topic", "must be set in exactly-once mode")
+		}
+		if c.Kafka.TransactionInterval <= 0 {
+			bad("kafka.transaction_interval", "must be positive, got %s", c.Kafka.TransactionInterval)
+		}
+		if c.Kafka.TransactionMaxRecords < 1 {
+			bad("kafka.transaction_max_records", "must be at least 1, got %d", c.Kafka.TransactionMaxRecords)
+		}
+		if c.Kafka.TransactionTimeout < time.Second {
+			bad("kafka.transaction_timeout", "must be at least 1s, got %s", c.Kafka.TransactionTimeout)
+		}
+	default:
+		bad("kafka.delivery", "must be %s or %s, got %q", DeliveryAtLeastOnce, DeliveryExactlyOnce, c.Kafka.Delivery)
 	}
 	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")

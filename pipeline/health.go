@@ -46,6 +46,13 @@ type Health struct {
 	// LastVerified is when the outbox was last verified to be published (zero before the first
 	// session); confirms never pass the position of that check.
 	LastVerified time.Time
+	// CheckpointLSN is the last checkpoint committed to Kafka, or read from it at start (exactly-once
+	// mode; zero otherwise or before the first); the slot is never confirmed past it.
+	CheckpointLSN uint64
+	// TransactionsCommitted and TransactionsAborted count Kafka transactions (exactly-once mode).
+	TransactionsCommitted, TransactionsAborted int64
+	// SkippedRows counts rows skipped at start as already in Kafka (exactly-once mode).
+	SkippedRows int64
 }
 
 // observed is the pipeline's mutable state read by Health.
@@ -60,6 +67,13 @@ type observed struct {
 	slotErrors  int64
 	slotSuccess time.Time
 	verified    time.Time
+	checkpoint  checkpoint.LSN
+}
+
+func (o *observed) markCheckpoint(lsn checkpoint.LSN) {
+	o.mu.Lock()
+	o.checkpoint = max(o.checkpoint, lsn)
+	o.mu.Unlock()
 }
 
 // setSession records the current session's tracker and walsender (nil and 0 when it ends).
@@ -111,20 +125,23 @@ func (e *kafkaError) Unwrap() error { return e.err }
 // Health returns the pipeline's current figures and readiness.
 func (p *Pipeline) Health() Health {
 	s := Health{
-		State:              p.State(),
-		Rows:               p.Replication.Rows.Load(),
-		Transactions:       p.Replication.Transactions.Load(),
-		IgnoredUpdates:     p.Replication.IgnoredUpdates.Load(),
-		IgnoredDeletes:     p.Replication.IgnoredDeletes.Load(),
-		IgnoredTruncates:   p.Replication.IgnoredTruncates.Load(),
-		IgnoredOtherTables: p.Replication.IgnoredOtherTables.Load(),
-		Produced:           p.Router.Produced.Load(),
-		ProducedBytes:      p.Router.ProducedBytes.Load(),
-		DeadLettered:       p.Router.DeadLettered.Load(),
-		InFlightRecords:    p.Router.InFlightRecords.Load(),
-		InFlightBytes:      p.Router.InFlightBytes.Load(),
-		ConfirmedLSN:       p.Replication.ConfirmedLSN.Load(),
-		ServerWALEnd:       p.Replication.ServerWALEnd.Load(),
+		State:                 p.State(),
+		Rows:                  p.Replication.Rows.Load(),
+		Transactions:          p.Replication.Transactions.Load(),
+		IgnoredUpdates:        p.Replication.IgnoredUpdates.Load(),
+		IgnoredDeletes:        p.Replication.IgnoredDeletes.Load(),
+		IgnoredTruncates:      p.Replication.IgnoredTruncates.Load(),
+		IgnoredOtherTables:    p.Replication.IgnoredOtherTables.Load(),
+		Produced:              p.Router.Produced.Load(),
+		ProducedBytes:         p.Router.ProducedBytes.Load(),
+		DeadLettered:          p.Router.DeadLettered.Load(),
+		InFlightRecords:       p.Router.InFlightRecords.Load(),
+		InFlightBytes:         p.Router.InFlightBytes.Load(),
+		ConfirmedLSN:          p.Replication.ConfirmedLSN.Load(),
+		ServerWALEnd:          p.Replication.ServerWALEnd.Load(),
+		TransactionsCommitted: p.Router.TransactionsCommitted.Load(),
+		TransactionsAborted:   p.Router.TransactionsAborted.Load(),
+		SkippedRows:           p.skippedRows.Load(),
 	}
 	if ns := p.Replication.LastMessage.Load(); ns != 0 {
 		s.LastServerMessage = time.Unix(0, ns)
@@ -140,6 +157,7 @@ func (p *Pipeline) Health() Health {
 	s.SlotKnown = !s.SlotObservedAt.IsZero() && time.Since(s.SlotObservedAt) <= slotStale
 	s.SlotMonitorErrors, s.SlotMonitorLastSuccess = p.obs.slotErrors, p.obs.slotSuccess
 	s.LastVerified = p.obs.verified
+	s.CheckpointLSN = uint64(p.obs.checkpoint)
 	p.obs.mu.Unlock()
 	if !s.SlotKnown {
 		s.Slot = replication.SlotState{Name: p.cfg.Postgres.Slot} // nothing known, never an old reading

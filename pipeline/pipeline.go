@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
@@ -39,6 +40,12 @@ type Pipeline struct {
 	// isolateUntil is the highest commit position of a batch Kafka rejected: transactions up to it
 	// are produced one record at a time, so that only the record at fault is dead-lettered.
 	isolateUntil uint64
+	// acceptGap lets the exactly-once mode start from a slot ahead of its last checkpoint.
+	acceptGap bool
+	// slotID identifies the slot across processes (exactly-once mode); learned once.
+	slotID *checkpoint.SlotID
+	// skippedRows counts rows skipped as already in Kafka (exactly-once mode).
+	skippedRows atomic.Int64
 }
 
 // Option configures a Pipeline.
@@ -47,6 +54,12 @@ type Option func(*Pipeline)
 // WithObserver has the router report every acknowledged record to o (for metrics).
 func WithObserver(o router.Observer) Option {
 	return func(p *Pipeline) { p.observer = o }
+}
+
+// WithAcceptGap lets the exactly-once mode start from a slot that stands ahead of the last checkpoint
+// in Kafka (the --accept-gap flag): what lies between may never have reached Kafka.
+func WithAcceptGap() Option {
+	return func(p *Pipeline) { p.acceptGap = true }
 }
 
 // State is what the pipeline is doing.
@@ -77,6 +90,9 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 	rules, err := router.NewRules(cfg.Routing, cfg.Postgres.Columns)
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	if cfg.Kafka.ExactlyOnce() && !outbox.ValidTopic(cfg.Kafka.CheckpointTopic) {
+		return nil, fmt.Errorf("invalid configuration: kafka.checkpoint_topic: %q is not a valid Kafka topic name", cfg.Kafka.CheckpointTopic)
 	}
 	p := &Pipeline{cfg: cfg, log: log, rules: rules}
 	for _, o := range opts {
@@ -134,7 +150,8 @@ func permanent(err error) bool {
 		}
 	}
 	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, router.ErrConfig)
+		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, router.ErrConfig) ||
+		errors.Is(err, checkpoint.ErrGap)
 }
 
 // carried is what one session leaves to the next.
@@ -220,6 +237,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // runOnce is one session: check Kafka, set up, stream until failure or ctx's end.
 func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	cfg := p.cfg
+	if err := p.identify(ctx); err != nil {
+		return err
+	}
 	// Kafka first: a session that cannot deliver would only hold the slot and replay.
 	rt, err := p.newRouter(ctx)
 	if err != nil {
@@ -237,13 +257,34 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	p.obs.markVerified(time.Now())
 	defer v.close()
 
+	var h replication.Handler
+	var eos *txnHandler
+	confirmLimit := v.confirmLimit
+	if cfg.Kafka.ExactlyOnce() {
+		// Fence and read the checkpoint before taking the slot: no older instance can commit after
+		// the read, and the walsender is not kept waiting meanwhile.
+		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush)
+		if err != nil {
+			_ = cat.Close(context.Background())
+			return err
+		}
+		eos = &txnHandler{skipBelow: skipBelow, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval,
+			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
+		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
+		if last != nil {
+			eos.committed.Store(uint64(last.LSN))
+		}
+		confirmLimit = eos.confirmLimit
+		h = eos
+	}
+
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		return err
 	}
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Columns: columnRoles(cfg, p.rules), StartLSN: res.Slot.ConfirmedFlush,
-		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: v.confirmLimit,
+		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
 		Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
@@ -285,7 +326,19 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		v.run(streamCtx, cancel)
 	}()
 	go p.watchKafka(streamCtx, tracker, cancel)
-	runErr := stream.Run(streamCtx, tracker, &handler{router: rt, tracker: tracker})
+	base := handler{router: rt, tracker: tracker}
+	if eos != nil {
+		eos.handler = base
+	} else {
+		h = &base
+	}
+	runErr := stream.Run(streamCtx, tracker, h)
+	if eos != nil {
+		p.skippedRows.Add(eos.skipped.Load())
+		if eos.skippedTxs > 0 {
+			p.log.Info("exactly-once: skipped transactions the last checkpoint already holds", "transactions", eos.skippedTxs, "rows", eos.skipped.Load())
+		}
+	}
 	if ctx.Err() == nil && errors.Is(runErr, context.Canceled) {
 		if cause := context.Cause(streamCtx); cause != nil {
 			runErr = cause
@@ -309,7 +362,16 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	<-verifying
 
 	graceful := ctx.Err() != nil && rt.Err() == nil
-	if graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil) {
+	if eos != nil {
+		// The open Kafka transaction is committed only when the stream stopped between whole
+		// PostgreSQL transactions; otherwise it is aborted and replayed.
+		fctx, fcancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
+		if err := eos.finish(fctx, graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil)); err != nil {
+			p.log.Warn("stop: the last Kafka transaction was not committed; the next session replays it", "error", err.Error())
+			graceful = false
+		}
+		fcancel()
+	} else if graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil) {
 		// Everything handed to Kafka before the stop is delivered and confirmed: a restart resumes
 		// exactly where this session stopped.
 		p.drain(rt, tracker)
@@ -494,13 +556,31 @@ func (v *verifier) close() {
 	}
 }
 
+// identify learns, once, what identifies the slot across processes (exactly-once mode only): the
+// cluster's system identifier and the database, with the slot's name.
+func (p *Pipeline) identify(ctx context.Context) error {
+	if !p.cfg.Kafka.ExactlyOnce() || p.slotID != nil {
+		return nil
+	}
+	sys, db, err := replication.Identify(ctx, p.cfg.Postgres.URL)
+	if err != nil {
+		return err
+	}
+	p.slotID = &checkpoint.SlotID{SystemID: sys, Database: db, Slot: p.cfg.Postgres.Slot}
+	return nil
+}
+
 // newRouter creates the router every delivery path uses (run and resync) and checks that Kafka answers.
 func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	cfg := p.cfg
-	rt, err := router.New(router.Options{
+	opts := router.Options{
 		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
 		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer,
-	})
+	}
+	if cfg.Kafka.ExactlyOnce() && p.slotID != nil {
+		opts.Transactions = &router.Transactions{Slot: *p.slotID, Topic: cfg.Kafka.CheckpointTopic, Timeout: cfg.Kafka.TransactionTimeout}
+	}
+	rt, err := router.New(opts)
 	if err != nil {
 		return nil, &kafkaError{err}
 	}

@@ -163,11 +163,22 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	if err != nil {
 		return err
 	}
+	if err := p.identify(ctx); err != nil {
+		return err
+	}
 	rt, err := p.newRouter(ctx)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
+	eos := p.cfg.Kafka.ExactlyOnce()
+	if eos {
+		// The slot is new and ours (the resync lock is held): fence any instance still writing.
+		if err := rt.Fence(ctx); err != nil {
+			return err
+		}
+	}
+	inTxn := 0
 	tracker := checkpoint.NewTracker(0)
 	tx := tracker.Begin(time.Now(), cp)
 	src := router.Source{LSN: "snapshot@" + cp.String()}
@@ -195,10 +206,27 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 		sent++
 		res.Rows++
 		report(false)
+		if inTxn++; eos && inTxn >= p.cfg.Kafka.TransactionMaxRecords {
+			// Snapshot rows in Kafka transactions of kafka.transaction_max_records; only the last
+			// one carries the checkpoint. A resync killed halfway leaves its marker, and the rerun
+			// publishes the snapshot again: rows committed before the kill are then in Kafka twice.
+			inTxn = 0
+			return rt.Commit(ctx, checkpoint.Record{})
+		}
 		return nil
 	})
 	if err != nil {
+		if eos {
+			rt.Abort()
+		}
 		return err
+	}
+	if eos {
+		// The last snapshot transaction ends with a checkpoint at the slot's consistent point, where
+		// run resumes: the slot is then not ahead of the checkpoint.
+		if err := rt.Commit(ctx, checkpoint.Record{LSN: cp, Records: int(sent)}); err != nil {
+			return fmt.Errorf("publish snapshot: %w", err)
+		}
 	}
 	tracker.Commit(tx, cp)
 	for tracker.Watermark() < cp {

@@ -56,3 +56,19 @@ func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot strin
 	}
 	return LSN(lsn), res.SnapshotName, nil
 }
+
+// Identify returns the cluster's system identifier and the database name, as the replication
+// protocol's IDENTIFY_SYSTEM reports them: with the slot's name they identify a slot across
+// processes (the exactly-once mode's checkpoint key and Kafka transactional id).
+func Identify(ctx context.Context, url string) (systemID, database string, err error) {
+	conn, err := Connect(ctx, url)
+	if err != nil {
+		return "", "", err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return "", "", fmt.Errorf("identify the database system: %w", err)
+	}
+	return res.SystemID, res.DBName, nil
+}

@@ -38,6 +38,20 @@ type Handler interface {
 	Deliver(ctx context.Context, tx *checkpoint.Tx, row Row) error
 }
 
+// Batcher is a Handler that groups whole transactions into larger units before they count as
+// delivered (the exactly-once mode's Kafka transactions). The stream tells it where each
+// transaction ends, and calls Flush between transactions, never inside one, once FlushDue has come.
+type Batcher interface {
+	Handler
+	// Committed is told that tx committed at end (CommitMessage.TransactionEndLSN), after every row
+	// of tx was handed to Deliver. Transactions without outbox rows are reported too.
+	Committed(ctx context.Context, tx *checkpoint.Tx, end LSN) error
+	// FlushDue is when Flush should next run; zero when there is nothing to flush.
+	FlushDue() time.Time
+	// Flush ends the current unit; it runs between transactions only.
+	Flush(ctx context.Context) error
+}
+
 // Counters count what the stream decoded and ignored. All fields are safe for concurrent reads.
 type Counters struct {
 	// Rows counts decoded outbox inserts.
@@ -176,11 +190,23 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 			s.cancelWait()
 		}
 	}()
+	batcher, _ := h.(Batcher)
 	for {
+		if batcher != nil && s.current == nil {
+			if due := batcher.FlushDue(); !due.IsZero() && !time.Now().Before(due) {
+				if err := batcher.Flush(ctx); err != nil {
+					return err
+				}
+			}
+		}
 		if err := s.maybeSendStatus(false); err != nil {
 			return err
 		}
-		msg, err := s.conn.ReceiveMessage(s.waitContext(ctx))
+		wait := s.waitContext(ctx)
+		if batcher != nil && s.current == nil {
+			wait = s.waitUntil(ctx, batcher.FlushDue())
+		}
+		msg, err := s.conn.ReceiveMessage(wait)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -219,6 +245,20 @@ func (s *Stream) waitContext(ctx context.Context) context.Context {
 			s.cancelWait()
 		}
 		s.wait, s.cancelWait = context.WithTimeout(ctx, s.receiveWait())
+	}
+	return s.wait
+}
+
+// waitUntil is waitContext, expiring no later than due (when due is not zero), so that a batcher's
+// Flush is not late.
+func (s *Stream) waitUntil(ctx context.Context, due time.Time) context.Context {
+	wait := s.waitContext(ctx)
+	if due.IsZero() {
+		return wait
+	}
+	if deadline, ok := wait.Deadline(); ok && deadline.After(due) {
+		s.cancelWait()
+		s.wait, s.cancelWait = context.WithDeadline(ctx, due)
 	}
 	return s.wait
 }
@@ -314,9 +354,13 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		if s.current == nil {
 			return errors.New("replication stream: Commit without Begin")
 		}
-		s.tracker.Commit(s.current, LSN(m.TransactionEndLSN))
+		tx := s.current
+		s.tracker.Commit(tx, LSN(m.TransactionEndLSN))
 		s.current = nil
 		s.counters.Transactions.Add(1)
+		if b, ok := h.(Batcher); ok {
+			return b.Committed(ctx, tx, LSN(m.TransactionEndLSN))
+		}
 	default:
 		// Type, Origin and logical decoding messages carry nothing for the outbox.
 	}

@@ -46,6 +46,8 @@ type Options struct {
 	Counters *Counters
 	// Observer, if not nil, is told of every acknowledged record (for metrics).
 	Observer Observer
+	// Transactions, if not nil, turn on the exactly-once mode (see Transactions, Commit and Fence).
+	Transactions *Transactions
 	// ExtraOpts are appended to the franz-go options (tests use them to point at kfake).
 	ExtraOpts []kgo.Opt
 }
@@ -60,6 +62,8 @@ type Counters struct {
 	DeadLettered atomic.Int64
 	// InFlightRecords and InFlightBytes are what is handed to Kafka and not yet acknowledged.
 	InFlightRecords, InFlightBytes atomic.Int64
+	// TransactionsCommitted and TransactionsAborted count Kafka transactions (exactly-once mode).
+	TransactionsCommitted, TransactionsAborted atomic.Int64
 }
 
 // Observer is told of every acknowledged record. Its methods run on the producer's promise
@@ -137,6 +141,10 @@ type Router struct {
 	// lastAlone is true when the previous record was produced alone: the next one waits until it
 	// is acknowledged, since two clients do not keep order between them. Prepare's goroutine only.
 	lastAlone bool
+	// inTxn is true while a Kafka transaction is open; txnRecords counts the records produced in it.
+	// Prepare's goroutine only.
+	inTxn      bool
+	txnRecords int
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc
@@ -195,6 +203,9 @@ func New(opts Options) (*Router, error) {
 		kgo.MaxBufferedRecords(2*opts.Limits.MaxInFlightRecords+16),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
 	)
+	if t := opts.Transactions; t != nil {
+		kopts = append(kopts, kgo.TransactionalID(t.Slot.TransactionalID()), kgo.TransactionTimeout(t.Timeout))
+	}
 	kopts = append(kopts, opts.ExtraOpts...)
 	mainOpts := kopts
 	if opts.Kafka.Linger > 0 {
@@ -205,7 +216,8 @@ func New(opts Options) (*Router, error) {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	var alone *kgo.Client
-	if opts.IsolateUntil > 0 {
+	if opts.IsolateUntil > 0 && opts.Transactions == nil {
+		// In transactions, records go alone through the one transactional client.
 		if alone, err = kgo.NewClient(append(slices.Clip(kopts), kgo.ProducerLinger(0))...); err != nil {
 			client.Close()
 			return nil, fmt.Errorf("create kafka client: %w", err)
@@ -232,6 +244,11 @@ func New(opts Options) (*Router, error) {
 func (r *Router) Ping(ctx context.Context) error {
 	if err := r.client.Ping(ctx); err != nil {
 		return fmt.Errorf("reach kafka brokers %v: %w", r.opts.Kafka.Brokers, err)
+	}
+	if r.transactional() {
+		if err := r.prepareCheckpointTopic(ctx); err != nil {
+			return err
+		}
 	}
 	if r.opts.DLQTopic != "" {
 		info, err := r.prepareTopic(ctx, r.opts.DLQTopic)
@@ -312,7 +329,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		}
 		p.dlqReason, p.dlqClass = problem.Error(), class
 	}
-	p.alone = r.alone != nil && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
+	p.alone = r.opts.IsolateUntil > 0 && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
 	var err error
 	if p.alone || r.lastAlone {
 		err = r.limiter.AcquireAlone(ctx, p.size)
@@ -339,12 +356,18 @@ func (p *Prepared) Topic() string {
 // dead-letter record, is acknowledged. A final produce error fails the router instead: ack never
 // runs, so the slot never moves past the record.
 func (r *Router) Produce(p *Prepared, ack func()) {
+	if err := r.begin(); err != nil {
+		r.release(p.size)
+		r.fail(err)
+		return
+	}
+	r.txnRecords++
 	if p.dlqReason != "" {
 		r.produceDLQ(p.rec, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
 	}
 	client := r.client
-	if p.alone {
+	if p.alone && r.alone != nil {
 		client = r.alone
 	}
 	start := time.Now()
@@ -381,6 +404,9 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 				}
 			}
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
+		case r.transactional() && fenced(err):
+			r.release(p.size)
+			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", header(rec, outbox.HeaderEventID), rec.Topic), err))
 		default:
 			r.release(p.size)
 			r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, outbox.HeaderEventID), rec.Topic, err))

@@ -236,7 +236,9 @@ func Consume(t testing.TB, brokers []string, topics []string, want int, timeout 
 
 // ConsumeDistinct reads records of topics from the beginning until want distinct event_id headers
 // arrived or timeout passed, then reads for one more second to catch trailing duplicates.
-func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration) []*kgo.Record {
+// extra options are added to the consumer (kgo.FetchIsolationLevel(kgo.ReadCommitted()) for the
+// exactly-once mode's consumers).
+func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration, extra ...kgo.Opt) []*kgo.Record {
 	t.Helper()
 	seen := map[string]bool{}
 	counted := 0
@@ -250,14 +252,15 @@ func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, 
 			doneAt = time.Now()
 		}
 		return !doneAt.IsZero() && time.Since(doneAt) > time.Second
-	}, timeout)
+	}, timeout, extra...)
 }
 
-// ConsumeUntil reads records of topics from the beginning until done says so or timeout passed.
-func ConsumeUntil(t testing.TB, brokers []string, topics []string, done func([]*kgo.Record) bool, timeout time.Duration) []*kgo.Record {
+// ConsumeUntil reads records of topics from the beginning until done says so or timeout passed; extra
+// options are added to the consumer.
+func ConsumeUntil(t testing.TB, brokers []string, topics []string, done func([]*kgo.Record) bool, timeout time.Duration, extra ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200 * time.Millisecond)}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,174 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// txnHandler is the exactly-once mode's handler. Rows go into the open Kafka transaction as they
+// arrive; whole PostgreSQL transactions are grouped until kafka.transaction_interval has passed since
+// the first row or kafka.transaction_max_records rows are in, and the Kafka transaction is then
+// committed with a checkpoint at the end of the last PostgreSQL transaction it holds. The slot is
+// confirmed only up to the last committed checkpoint (confirmLimit). Transactions the last checkpoint
+// already covers are skipped whole, by their commit position.
+type txnHandler struct {
+	handler
+	skipBelow  checkpoint.LSN
+	verified   func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
+	interval   time.Duration
+	maxRecords int
+	idleEvery  time.Duration
+	obs        *observed
+
+	committed atomic.Uint64 // the last committed checkpoint: no confirm passes it
+
+	records    int            // rows in the open Kafka transaction
+	txns       int            // PostgreSQL transactions in it
+	firstAt    time.Time      // when its first row was produced
+	lastEnd    checkpoint.LSN // end of the last PostgreSQL transaction in it
+	open       *checkpoint.Tx // a transaction with rows in it whose Commit has not arrived
+	lastCommit time.Time      // when the last Kafka transaction was committed
+	skipped    atomic.Int64   // rows skipped as already in Kafka
+	skippedTx  *checkpoint.Tx // the last transaction skipped, counted once
+	skippedTxs int
+}
+
+var _ replication.Batcher = (*txnHandler)(nil)
+
+// confirmLimit is the stream's ConfirmLimit in exactly-once mode.
+func (h *txnHandler) confirmLimit() checkpoint.LSN {
+	return min(h.verified(), checkpoint.LSN(h.committed.Load()))
+}
+
+// Deliver implements replication.Handler.
+func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+	if checkpoint.AlreadyDelivered(tx.CommitLSN(), h.skipBelow) {
+		h.skipped.Add(1)
+		if h.skippedTx != tx {
+			h.skippedTx = tx
+			h.skippedTxs++
+		}
+		return nil
+	}
+	if err := h.handler.Deliver(ctx, tx, row); err != nil {
+		return err
+	}
+	if h.records == 0 {
+		h.firstAt = time.Now()
+	}
+	h.records++
+	h.open = tx
+	return nil
+}
+
+// Committed implements replication.Batcher.
+func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end checkpoint.LSN) error {
+	if checkpoint.AlreadyDelivered(tx.CommitLSN(), h.skipBelow) {
+		return nil
+	}
+	h.open = nil
+	h.lastEnd = end
+	h.txns++
+	if h.records >= h.maxRecords {
+		return h.Flush(ctx)
+	}
+	return nil
+}
+
+// idlePosition is where an idle checkpoint may stand: the watermark (a keepalive's WAL end once
+// everything is delivered), never past the last verified position; zero while anything is in flight.
+func (h *txnHandler) idlePosition() checkpoint.LSN {
+	if h.records > 0 || !h.tracker.Idle() {
+		return 0
+	}
+	return min(h.tracker.Watermark(), h.verified())
+}
+
+// FlushDue implements replication.Batcher.
+func (h *txnHandler) FlushDue() time.Time {
+	if h.records > 0 {
+		return h.firstAt.Add(h.interval)
+	}
+	if h.idlePosition() > checkpoint.LSN(h.committed.Load()) {
+		return h.lastCommit.Add(h.idleEvery)
+	}
+	return time.Time{}
+}
+
+// Flush implements replication.Batcher: it commits the open Kafka transaction with its checkpoint,
+// or, with no rows waiting, writes an idle checkpoint so that the slot may be confirmed to a
+// keepalive's position and an idle outbox does not pin WAL.
+func (h *txnHandler) Flush(ctx context.Context) error {
+	if h.open != nil {
+		return errors.New("exactly-once: a Kafka transaction would end inside a PostgreSQL transaction")
+	}
+	cp := checkpoint.Record{LSN: h.lastEnd, Transactions: h.txns}
+	if h.records == 0 {
+		cp = checkpoint.Record{LSN: h.idlePosition()}
+		if cp.LSN <= checkpoint.LSN(h.committed.Load()) {
+			return nil
+		}
+	}
+	if err := h.router.Commit(ctx, cp); err != nil {
+		return err
+	}
+	h.committed.Store(uint64(cp.LSN))
+	h.records, h.txns, h.firstAt, h.lastCommit = 0, 0, time.Time{}, time.Now()
+	if h.obs != nil {
+		h.obs.markCheckpoint(cp.LSN)
+	}
+	return nil
+}
+
+// finish ends the session's Kafka transaction: committed when the stream stopped gracefully between
+// whole PostgreSQL transactions, aborted otherwise (its transactions are replayed by the next session).
+func (h *txnHandler) finish(ctx context.Context, commit bool) error {
+	if commit && h.open == nil && h.router.Err() == nil {
+		if err := h.Flush(ctx); err != nil {
+			return fmt.Errorf("commit the last Kafka transaction: %w", err)
+		}
+		return nil
+	}
+	h.router.Abort()
+	return nil
+}
+
+// startExactlyOnce fences older instances of the slot, reads the last checkpoint and decides where
+// the session resumes: transactions below the returned position are already in Kafka. It refuses a
+// slot that stands ahead of the checkpoint unless the gap is accepted.
+func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
+	fctx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout+30*time.Second)
+	defer cancel()
+	if err := rt.Fence(fctx); err != nil {
+		return 0, nil, &kafkaError{err}
+	}
+	last, err = rt.ReadCheckpoint(fctx)
+	if err != nil {
+		return 0, nil, &kafkaError{err}
+	}
+	skipBelow, err = checkpoint.Start(slot, last, p.acceptGap)
+	if err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case last == nil:
+		p.log.Info("exactly-once: no checkpoint in Kafka yet; starting from the slot", "slot_lsn", slot.String(), "checkpoint_topic", p.cfg.Kafka.CheckpointTopic)
+	case slot > last.LSN:
+		p.log.Warn("exactly-once: the slot is ahead of the last checkpoint and --accept-gap is set: events between them may never have reached Kafka",
+			"slot_lsn", slot.String(), "checkpoint_lsn", last.LSN.String())
+	default:
+		p.log.Info("exactly-once: resuming after the last checkpoint", "checkpoint_lsn", last.LSN.String(), "slot_lsn", slot.String(),
+			"checkpoint_written", last.Written.UTC().Format(time.RFC3339Nano))
+	}
+	if last != nil {
+		p.obs.markCheckpoint(last.LSN)
+	}
+	return skipBelow, last, nil
+}

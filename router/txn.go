@@ -1,0 +1,271 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+)
+
+// Transactions turn on the exactly-once mode: records are produced in Kafka transactions, each of
+// which also writes a checkpoint record, and one instance fences every older one.
+type Transactions struct {
+	// Slot identifies the replication slot: it keys the checkpoint records and names the
+	// transactional id, so that every instance of the slot shares it.
+	Slot checkpoint.SlotID
+	// Topic is the compacted checkpoint topic, created with one partition when missing.
+	Topic string
+	// Timeout is the Kafka transaction timeout.
+	Timeout time.Duration
+}
+
+// ErrFenced is returned (wrapped) when another instance has taken over the slot's transactional id:
+// this one must not write again.
+var ErrFenced = errors.New("fenced: another instance took over this slot's Kafka transactions")
+
+// fenced reports Kafka's ways of saying that a newer producer holds the transactional id.
+func fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
+
+// transactional reports whether the router produces in Kafka transactions.
+func (r *Router) transactional() bool { return r.opts.Transactions != nil }
+
+// Fence makes this router the only writer of the slot's transactional id: Kafka aborts whatever
+// transaction an older instance left open and refuses its later writes. Call it once the replication
+// slot is held, before ReadCheckpoint, so that no older instance can commit after the read.
+func (r *Router) Fence(ctx context.Context) error {
+	if !r.transactional() {
+		return nil
+	}
+	if _, _, err := r.client.ProducerID(ctx); err != nil {
+		return fmt.Errorf("initialize the transactional producer %s: %w", r.opts.Transactions.Slot.TransactionalID(), err)
+	}
+	return nil
+}
+
+// ReadCheckpoint reads the checkpoint topic to its end with read_committed isolation and returns the
+// slot's last checkpoint, or nil when none was ever committed.
+func (r *Router) ReadCheckpoint(ctx context.Context) (*checkpoint.Record, error) {
+	t := r.opts.Transactions
+	ends, err := r.admin.ListEndOffsets(ctx, t.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("list the end offsets of checkpoint topic %s: %w", t.Topic, err)
+	}
+	starts, err := r.admin.ListStartOffsets(ctx, t.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("list the start offsets of checkpoint topic %s: %w", t.Topic, err)
+	}
+	want := make(map[int32]int64) // partition -> last offset to read
+	from := make(map[int32]kgo.Offset)
+	var lerr error
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			lerr = errors.Join(lerr, fmt.Errorf("checkpoint topic %s partition %d: %w", t.Topic, o.Partition, o.Err))
+			return
+		}
+		if s, ok := starts.Lookup(t.Topic, o.Partition); !ok || o.Offset > s.Offset {
+			want[o.Partition] = o.Offset - 1
+			from[o.Partition] = kgo.NewOffset().AtStart()
+		}
+	})
+	if lerr != nil {
+		return nil, lerr
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	opts, err := ClientOpts(r.opts.Kafka)
+	if err != nil {
+		return nil, err
+	}
+	consumer, err := kgo.NewClient(append(opts,
+		kgo.ClientID(r.opts.Kafka.ClientID),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.Topic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Every transaction ends with a control record, kept so that the end is seen even when the
+		// log ends with an aborted transaction.
+		kgo.KeepControlRecords(),
+		kgo.WithLogger(kgoLogger{r.log}),
+	)...)
+	if err != nil {
+		return nil, fmt.Errorf("create checkpoint reader: %w", err)
+	}
+	defer consumer.Close()
+	key := t.Slot.String()
+	var last *checkpoint.Record
+	for len(want) > 0 {
+		fetches := consumer.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("read checkpoint topic %s to its end: %w", t.Topic, err)
+		}
+		var ferr error
+		fetches.EachError(func(_ string, p int32, err error) {
+			ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
+		})
+		if ferr != nil {
+			return nil, fmt.Errorf("read checkpoint topic %s: %w", t.Topic, ferr)
+		}
+		fetches.EachRecord(func(rec *kgo.Record) {
+			if end, ok := want[rec.Partition]; ok && rec.Offset >= end {
+				delete(want, rec.Partition)
+			}
+			if rec.Attrs.IsControl() || string(rec.Key) != key {
+				return
+			}
+			cp, err := checkpoint.ParseRecord(rec.Key, rec.Value)
+			if err != nil {
+				r.log.Warn("ignoring a malformed checkpoint record", "topic", t.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
+				return
+			}
+			last = &cp
+		})
+	}
+	return last, nil
+}
+
+// begin opens a Kafka transaction if none is open. Prepare's goroutine only.
+func (r *Router) begin() error {
+	if !r.transactional() || r.inTxn {
+		return nil
+	}
+	if err := r.client.BeginTransaction(); err != nil {
+		return fmt.Errorf("begin kafka transaction: %w", err)
+	}
+	r.inTxn = true
+	r.txnRecords = 0
+	return nil
+}
+
+// Commit ends the open Kafka transaction with the checkpoint cp: it produces the checkpoint record,
+// waits until every record of the transaction is acknowledged, and commits. When it returns nil,
+// everything produced since the last Commit, and cp, are committed together. On any error the
+// transaction is aborted (or left for the next instance's fencing to abort) and the router fails:
+// the session must replay from the slot. With no transaction open, Commit opens one to hold only the
+// checkpoint (an idle checkpoint). A checkpoint at position zero is not written (a resync's snapshot
+// transactions before the last).
+func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
+	if !r.transactional() {
+		return errors.New("router: Commit without transactions")
+	}
+	if err := r.Err(); err != nil {
+		return err
+	}
+	if err := r.begin(); err != nil {
+		r.fail(err)
+		return err
+	}
+	start := time.Now()
+	cp.Slot, cp.Written = r.opts.Transactions.Slot, start.UTC()
+	cp.Records = r.txnRecords
+	var cpErr error
+	if cp.LSN != 0 {
+		rec := &kgo.Record{Topic: r.opts.Transactions.Topic, Key: []byte(cp.Slot.String()), Value: cp.Marshal()}
+		r.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { cpErr = err })
+	}
+	err := r.client.Flush(ctx)
+	if err == nil {
+		err = cpErr
+	}
+	if err == nil {
+		err = r.Err()
+	}
+	if err == nil {
+		err = r.client.EndTransaction(ctx, kgo.TryCommit)
+	}
+	if err != nil {
+		err = r.wrapTxnErr("commit kafka transaction", err)
+		r.fail(err)
+		r.abort()
+		return err
+	}
+	r.inTxn = false
+	r.opts.Counters.TransactionsCommitted.Add(1)
+	if r.opts.Observer != nil {
+		if o, ok := r.opts.Observer.(TxnObserver); ok {
+			o.TransactionCommitted(cp.Records, time.Since(start), cp.LSN)
+		}
+	}
+	return nil
+}
+
+// TxnObserver is an Observer that is also told of every committed Kafka transaction (exactly-once
+// mode): how many records it held, how long its commit took, and its checkpoint position.
+type TxnObserver interface {
+	TransactionCommitted(records int, commitLatency time.Duration, lsn checkpoint.LSN)
+	TransactionAborted()
+}
+
+// Abort aborts the open Kafka transaction, if any, so that read_uncommitted consumers are told soon
+// and the next session need not wait for the broker to abort it. Best effort: fencing at the next
+// start aborts it anyway.
+func (r *Router) Abort() {
+	if !r.transactional() {
+		return
+	}
+	r.abort()
+}
+
+func (r *Router) abort() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.client.AbortBufferedRecords(ctx); err != nil {
+		r.log.Debug("abort buffered records", "error", err.Error())
+	}
+	if err := r.client.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		r.log.Debug("abort kafka transaction", "error", err.Error())
+	}
+	if r.inTxn {
+		r.opts.Counters.TransactionsAborted.Add(1)
+		if o, ok := r.opts.Observer.(TxnObserver); ok {
+			o.TransactionAborted()
+		}
+	}
+	r.inTxn = false
+	r.txnRecords = 0
+}
+
+// wrapTxnErr names fencing as such.
+func (r *Router) wrapTxnErr(what string, err error) error {
+	if fenced(err) {
+		return fmt.Errorf("%s: %w (transactional id %s): %w", what, ErrFenced, r.opts.Transactions.Slot.TransactionalID(), err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// prepareCheckpointTopic creates the checkpoint topic (one partition, compacted) when it is missing,
+// and warns when an existing one is not compacted: its size would then grow without bound.
+func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
+	topic := r.opts.Transactions.Topic
+	compact := "compact"
+	_, err := r.admin.CreateTopic(ctx, 1, r.opts.Kafka.TopicReplicationFactor, map[string]*string{"cleanup.policy": &compact}, topic)
+	switch {
+	case err == nil:
+		r.log.Info("created checkpoint topic", "topic", topic, "cleanup_policy", compact)
+		return nil
+	case errors.Is(err, kerr.TopicAlreadyExists):
+	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.PolicyViolation):
+		return fmt.Errorf("%w: create checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, err)
+	default:
+		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, err)
+	}
+	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("read the configuration of checkpoint topic %s: %w", topic, err)
+	}
+	if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
+		for _, c := range rc.Configs {
+			if c.Key == "cleanup.policy" && c.Value != nil && *c.Value != compact {
+				r.log.Warn("the checkpoint topic is not compacted: it grows by one record per Kafka transaction (set cleanup.policy=compact)",
+					"topic", topic, "cleanup_policy", *c.Value)
+			}
+		}
+	}
+	return nil
+}
