@@ -203,3 +203,44 @@ func TestExactlyOnceSlotGuard(t *testing.T) {
 	startPipeline(t, cfg) // no gap: the slot starts where the checkpoint stands
 	t.Logf("resync published %d rows; %d records read", res.Rows, len(got))
 }
+
+// TestExactlyOnceConfirmsOnlyCommitted holds a Kafka transaction open (a long transaction interval)
+// after its records were acknowledged: the slot must not be confirmed past the rows until the Kafka
+// transaction commits, however long it stays open, and a read_committed consumer sees nothing before.
+func TestExactlyOnceConfirmsOnlyCommitted(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := eosConfig(f)
+	cfg.Kafka.TransactionInterval = 6 * time.Second
+	ctx := context.Background()
+	run := startPipeline(t, cfg)
+	gen := testenv.NewGenerator(3, "CartUpdated")
+	topics := testenv.TopicsOf(f, "CartUpdated")
+	evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(2)}
+	var before string
+	if err := f.DB.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, evs, false); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	testenv.ConsumeDistinct(t, f.Brokers, topics, len(evs), 30*time.Second) // read_uncommitted: acknowledged
+	time.Sleep(2500 * time.Millisecond)                                     // more than a status interval
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("the records took too long to arrive: the test proves nothing")
+	}
+	if confirmed := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); confirmed > testenv.MustLSN(t, before) {
+		t.Fatalf("the slot is confirmed at %s, past rows inserted after %s, while their Kafka transaction is still open", confirmed, before)
+	}
+	if got := testenv.ConsumeUntil(t, f.Brokers, topics, func(r []*kgo.Record) bool { return len(r) > 0 }, 500*time.Millisecond, readCommitted); len(got) != 0 {
+		t.Fatalf("a read_committed consumer saw %d records of an open transaction", len(got))
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, topics, len(evs), 30*time.Second, readCommitted)
+	testenv.VerifyDelivery(t, f, evs, got)
+	testenv.WaitFor(t, 10*time.Second, "slot confirmed past the rows", func() bool {
+		return testenv.MustLSN(t, f.ConfirmedFlushLSN(t)) > testenv.MustLSN(t, before)
+	})
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
