@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -117,4 +118,57 @@ func TestExactlyOnceUnderKills(t *testing.T) {
 	rep := testenv.CheckDelivery(f.TopicPrefix, want, uncommitted)
 	t.Logf("%d events, %d kills: read_committed saw %d records (%d duplicates); read_uncommitted saw %d records (%d duplicates from aborted transactions)",
 		len(want), kills, len(got), dups, len(uncommitted), rep.Duplicates)
+}
+
+// TestExactlyOnceFencing freezes the active exactly-once router (SIGSTOP) with a Kafka transaction
+// open, ends its walsender as wal_sender_timeout would, lets the standby take the slot over, and
+// resumes the frozen one (SIGCONT): it must not make a single record visible to a read_committed
+// consumer, and it must say it was fenced and wait as a standby.
+func TestExactlyOnceFencing(t *testing.T) {
+	f := testenv.NewFixture(t)
+	ctx := context.Background()
+	// A long transaction interval keeps the frozen router's Kafka transaction open, its records
+	// already acknowledged, when it is stopped.
+	env := append(eosEnv(f), "OUTBOX_CDC_TRANSACTION_INTERVAL=3s")
+	active := startRouter(t, env)
+	active.waitLog(t, "streaming", 60*time.Second)
+	standby := startRouter(t, env)
+	standby.waitLog(t, "hot standby", 60*time.Second)
+
+	gen := testenv.NewGenerator(10, "ShipmentBooked")
+	topics := testenv.TopicsOf(f, "ShipmentBooked")
+	var all []testenv.Event
+	write := func(n int) {
+		for i := 0; i < n; i++ {
+			evs := []testenv.Event{gen.Event(i), gen.Event(i + 1)}
+			if err := testenv.InsertTx(ctx, f.DB, f.Table, evs, i%2 == 0); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, evs...)
+		}
+	}
+	write(100)
+	testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute) // read_uncommitted: produced
+	if err := active.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var ended bool
+	if err := f.DB.QueryRow(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", f.Slot).Scan(&ended); err != nil || !ended {
+		t.Fatalf("end the frozen router's walsender: %v (ended %t)", err, ended)
+	}
+	standby.waitLog(t, "took over", 60*time.Second)
+	write(100)
+	got := testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err := active.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	active.waitLog(t, "hot standby", 60*time.Second)
+	if !strings.Contains(active.log(), "fenced") {
+		t.Errorf("the resumed router did not say it was fenced")
+	}
+	write(50)
+	got = testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if dups := testenv.VerifyDelivery(t, f, all, got); dups != 0 {
+		t.Errorf("a read_committed consumer saw %d duplicates across the takeover, want 0", dups)
+	}
 }

@@ -219,7 +219,12 @@ func (r *Router) abort() {
 		r.log.Debug("abort buffered records", "error", err.Error())
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryAbort); err != nil {
-		r.log.Debug("abort kafka transaction", "error", err.Error())
+		if fenced(err) {
+			r.log.Warn("fenced: another instance took over this slot's Kafka transactions; what this one produced since its last commit is void",
+				"transactional_id", r.opts.Transactions.Slot.TransactionalID())
+		} else {
+			r.log.Debug("abort kafka transaction", "error", err.Error())
+		}
 	}
 	if r.inTxn {
 		r.opts.Counters.TransactionsAborted.Add(1)
