@@ -48,11 +48,12 @@ bench-compare: build up ## the same workloads through outbox-cdc and Debezium 3.
 	scripts/services.sh debezium-libs
 	$(GO) run ./bench -compare
 
-chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections): one line, fails on loss or disorder
-	$(GO) run ./scripts/chaos
+chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections) in both delivery modes: one line each, fails on loss or disorder (and on any duplicate in exactly-once mode)
+	$(GO) run ./scripts/chaos -delivery at-least-once
+	$(GO) run ./scripts/chaos -delivery exactly-once
 
-chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults
-	$(GO) run ./scripts/chaos -long
+chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults (DELIVERY=exactly-once for that mode)
+	$(GO) run ./scripts/chaos -long -delivery $${DELIVERY:-at-least-once}
 
 clean:
 	rm -rf bin

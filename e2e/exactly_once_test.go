@@ -172,3 +172,65 @@ func TestExactlyOnceFencing(t *testing.T) {
 		t.Errorf("a read_committed consumer saw %d duplicates across the takeover, want 0", dups)
 	}
 }
+
+// TestExactlyOnceGapCLI drops and re-creates the slot while the exactly-once router is stopped, with
+// rows written in between: status exits 1 naming the gap, run exits 1 naming both positions, run
+// --accept-gap streams, and resync --yes --snapshot-only publishes the rows still in the table.
+func TestExactlyOnceGapCLI(t *testing.T) {
+	f := testenv.NewFixture(t)
+	env := eosEnv(f)
+	ctx := context.Background()
+	gen := testenv.NewGenerator(5, "RefundIssued")
+	topics := testenv.TopicsOf(f, "RefundIssued")
+	r := startRouter(t, env)
+	r.waitLog(t, "streaming", 60*time.Second)
+	first := []testenv.Event{gen.Event(0)}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, first, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, topics, 1, time.Minute, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.exitCode(t, time.Minute); code != 0 {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	adminExec(t, f, "SELECT pg_drop_replication_slot('"+f.Slot+"')")
+	gap := []testenv.Event{gen.Event(1), gen.Event(2)}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, gap, false); err != nil {
+		t.Fatal(err)
+	}
+	adminExec(t, f, "SELECT pg_create_logical_replication_slot('"+f.Slot+"', 'pgoutput')")
+
+	out, code := runCLI(t, env, time.Minute, "status")
+	if code == 0 || !strings.Contains(out, "ahead of the last checkpoint") || !strings.Contains(out, "checkpoint") {
+		t.Fatalf("status with the slot ahead of the checkpoint: exit %d\n%s", code, out)
+	}
+	out, code = runCLI(t, env, time.Minute, "run")
+	if code != 1 || !strings.Contains(out, "ahead of the last checkpoint") || !strings.Contains(out, "--accept-gap") {
+		t.Fatalf("run with the slot ahead of the checkpoint: exit %d, want 1 naming the gap\n%s", code, out)
+	}
+	accepted := startRouter(t, env, "--accept-gap")
+	accepted.waitLog(t, "streaming", 60*time.Second)
+	later := []testenv.Event{gen.Event(3)}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, later, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, topics, 2, time.Minute, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err := accepted.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	accepted.exitCode(t, time.Minute)
+	if out, code := runCLI(t, env, 3*time.Minute, "resync", "--yes", "--snapshot-only"); code != 0 {
+		t.Fatalf("resync: exit %d\n%s", code, out)
+	}
+	all := append(append(append([]testenv.Event(nil), first...), gap...), later...)
+	got := testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	rep := testenv.CheckDelivery(f.TopicPrefix, all, got)
+	if rep.Missing != 0 {
+		t.Fatalf("after resync %d events are missing: %v", rep.Missing, rep.Problems)
+	}
+	if out, code := runCLI(t, env, time.Minute, "status"); strings.Contains(out, "ahead of the last checkpoint") {
+		t.Fatalf("status after resync still reports a gap (exit %d)\n%s", code, out)
+	}
+}

@@ -33,6 +33,8 @@ type Metrics struct {
 	deadLettered   *prometheus.CounterVec
 	produceLatency prometheus.Histogram
 	endToEnd       prometheus.Histogram
+	txnRecords     prometheus.Histogram
+	txnCommit      prometheus.Histogram
 
 	mu     sync.Mutex
 	labels map[string]bool
@@ -61,9 +63,19 @@ func New() *Metrics {
 			Help:    "Time from the transaction's commit (its Begin message's commit time) to the Kafka acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
+		txnRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "kafka_transaction_records",
+			Help:    "Records per committed Kafka transaction (exactly-once mode; the checkpoint record not counted).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		txnCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "kafka_transaction_commit_seconds",
+			Help:    "Time to commit a Kafka transaction (exactly-once mode): checkpoint produced, every record acknowledged, transaction ended.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 		labels: map[string]bool{},
 	}
-	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd,
+	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -99,6 +111,12 @@ func (m *Metrics) Produced(topic, eventType string, _ int, produceLatency, endTo
 func (m *Metrics) DeadLettered(eventType, reason string) {
 	eventType, reason = m.bounded("dlq:"+eventType, reason)
 	m.deadLettered.WithLabelValues(eventType[len("dlq:"):], reason).Inc()
+}
+
+// TransactionCommitted implements router.TxnObserver.
+func (m *Metrics) TransactionCommitted(records int, commitLatency time.Duration) {
+	m.txnRecords.Observe(float64(records))
+	m.txnCommit.Observe(commitLatency.Seconds())
 }
 
 // Watch registers the metrics read from the pipeline's health at every scrape.
@@ -169,13 +187,16 @@ var (
 	descMonSuccess   = desc("slot_monitor_last_success_timestamp_seconds", "When the slot monitor last read the slot (Unix time); absent before the first success.")
 	descSlotActive   = desc("slot_active", "1 when pg_replication_slots shows a walsender on the slot (this instance or another), 0 when none; absent while unknown.")
 	descSilence      = desc("server_silence_seconds", "Time since the replication connection last heard from PostgreSQL; absent without a session.")
+	descTxns         = desc("kafka_transactions_total", "Kafka transactions of the exactly-once mode, by result: committed or aborted.", "result")
+	descCheckpoint   = desc("checkpoint_lsn", "Last checkpoint committed to Kafka or read back at start (exactly-once mode, as a byte position); the slot is never confirmed past it. Absent before the first.")
+	descSkipped      = desc("events_skipped_total", "Events the slot sent again that the last checkpoint showed already in Kafka (exactly-once mode).")
 )
 
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
 		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
-		descMonErrors, descMonSuccess, descSilence, descSlotActive} {
+		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped} {
 		ch <- d
 	}
 }
@@ -204,6 +225,12 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descInFlightB, float64(s.InFlightBytes))
 	gauge(descConfirmed, float64(s.ConfirmedLSN))
 	gauge(descWALEnd, float64(s.ServerWALEnd))
+	counter(descTxns, float64(s.TransactionsCommitted), "committed")
+	counter(descTxns, float64(s.TransactionsAborted), "aborted")
+	counter(descSkipped, float64(s.SkippedRows))
+	if s.CheckpointLSN != 0 {
+		gauge(descCheckpoint, float64(s.CheckpointLSN))
+	}
 	// What is not known now is left out, never shown at its last value.
 	if s.SlotKnown && s.Slot.Exists {
 		gauge(descSlotLag, float64(s.Slot.LagBytes))

@@ -25,6 +25,7 @@ func fixedHealth(state pipeline.State) func() pipeline.Health {
 			Slot:      replication.SlotState{Name: "s", Exists: true, Active: true, ActivePID: 42, WALStatus: "reserved", LagBytes: 1000},
 			SlotKnown: true, SlotObservedAt: time.Now(),
 			SlotMonitorErrors: 1, SlotMonitorLastSuccess: time.Now(),
+			CheckpointLSN: 4800, TransactionsCommitted: 7, TransactionsAborted: 1, SkippedRows: 12,
 		}
 		switch state {
 		case pipeline.StateStreaming:
@@ -74,6 +75,7 @@ func TestMetricsExposition(t *testing.T) {
 	m.Watch(snap)
 	m.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
 	m.DeadLettered("OrderPaid", "too_large")
+	m.TransactionCommitted(250, 4*time.Millisecond)
 	_, body := get(t, m.Handler(snap), "/metrics")
 	for _, want := range []string{
 		`outbox_cdc_events_produced_total{event_type="OrderPaid",topic="orders"} 1`,
@@ -94,6 +96,12 @@ func TestMetricsExposition(t *testing.T) {
 		`outbox_cdc_slot_monitor_last_success_timestamp_seconds`,
 		`outbox_cdc_server_silence_seconds`,
 		`outbox_cdc_slot_active 1`,
+		`outbox_cdc_kafka_transactions_total{result="committed"} 7`,
+		`outbox_cdc_kafka_transactions_total{result="aborted"} 1`,
+		`outbox_cdc_checkpoint_lsn 4800`,
+		`outbox_cdc_events_skipped_total 12`,
+		`outbox_cdc_kafka_transaction_records_count 1`,
+		`outbox_cdc_kafka_transaction_commit_seconds_count 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -63,6 +63,11 @@ func TestEvaluateStatus(t *testing.T) {
 		{"inactive, unknown since", func(s *Status) { s.Slot.Active = false; s.Slot.InactiveSeconds = -1 }, "inactive"},
 		{"lag", func(s *Status) { s.Slot.LagBytes = 1000 }, "lags"},
 		{"kafka", func(s *Status) { s.Kafka.Reachable = false; s.Kafka.Error = "dial" }, "kafka unreachable"},
+		{"slot ahead of checkpoint", func(s *Status) {
+			s.Slot.ConfirmedFlush = 0x2000
+			s.Checkpoint = &CheckpointReport{Topic: "cp", Known: true, Found: true, LSN: 0x1000}
+		}, "ahead of the last checkpoint 0/1000"},
+		{"checkpoint unreadable", func(s *Status) { s.Checkpoint = &CheckpointReport{Topic: "cp", Error: "timeout"} }, "could not be read"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,6 +84,12 @@ func TestEvaluateStatus(t *testing.T) {
 		Publication: replication.PublicationState{Name: "p"}, Kafka: KafkaReport{Reachable: true}}
 	if p := evaluate(down, 100, 0); len(p) != 1 || !strings.Contains(p[0], "unknown") || strings.Contains(p[0], "does not exist") {
 		t.Fatalf("unreachable database reported as %v, want one problem saying the rest is unknown", p)
+	}
+	behind := healthy
+	behind.Slot.ConfirmedFlush = 0x1000
+	behind.Checkpoint = &CheckpointReport{Topic: "cp", Known: true, Found: true, LSN: 0x2000}
+	if p := evaluate(behind, 100, 0); len(p) != 0 {
+		t.Fatalf("a slot behind its checkpoint (the normal state after a crash) is unhealthy: %v", p)
 	}
 	recent := healthy
 	recent.Slot.Active, recent.Slot.InactiveSeconds = false, 5

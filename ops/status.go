@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -24,6 +26,8 @@ type Status struct {
 	Publication replication.PublicationState `json:"publication"`
 	Outbox      replication.OutboxState      `json:"outbox"`
 	Kafka       KafkaReport                  `json:"kafka"`
+	// Checkpoint is the exactly-once mode's last checkpoint; nil in at-least-once mode.
+	Checkpoint *CheckpointReport `json:"checkpoint,omitempty"`
 	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it.
 	Healthy  bool     `json:"healthy"`
 	Problems []string `json:"problems"`
@@ -46,6 +50,19 @@ type KafkaReport struct {
 	Error         string   `json:"error,omitempty"`
 	TopicsPresent []string `json:"topics_present"`
 	TopicsMissing []string `json:"topics_missing"`
+}
+
+// CheckpointReport is the last checkpoint of the slot in Kafka (exactly-once mode).
+type CheckpointReport struct {
+	// Topic is kafka.checkpoint_topic; Known says whether it could be read (else Error).
+	Topic string `json:"topic"`
+	Known bool   `json:"known"`
+	Error string `json:"error,omitempty"`
+	// Found is false when no checkpoint was ever committed for the slot; LSN and Written are the last
+	// one's position and time.
+	Found   bool           `json:"found"`
+	LSN     checkpoint.LSN `json:"lsn"`
+	Written time.Time      `json:"written,omitzero"`
 }
 
 // Thresholds decide what Evaluate counts as unhealthy.
@@ -71,7 +88,33 @@ func GatherStatus(ctx context.Context, cfg config.Config) Status {
 		st.Postgres.Error = err.Error()
 	}
 	gatherKafka(ctx, cfg, &st)
+	if cfg.Kafka.ExactlyOnce() {
+		st.Checkpoint = gatherCheckpoint(ctx, cfg)
+	}
 	return st
+}
+
+// gatherCheckpoint reads the slot's last checkpoint from Kafka; identifying the slot takes a
+// replication connection (IDENTIFY_SYSTEM).
+func gatherCheckpoint(ctx context.Context, cfg config.Config) *CheckpointReport {
+	rep := &CheckpointReport{Topic: cfg.Kafka.CheckpointTopic}
+	sys, db, err := replication.Identify(ctx, cfg.Postgres.URL)
+	if err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	kctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	last, err := router.ReadCheckpoint(kctx, cfg.Kafka, cfg.Kafka.CheckpointTopic, checkpoint.SlotID{SystemID: sys, Database: db, Slot: cfg.Postgres.Slot}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	rep.Known = true
+	if last != nil {
+		rep.Found, rep.LSN, rep.Written = true, last.LSN, last.Written
+	}
+	return rep
 }
 
 func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.Outbox, st *Status) error {
@@ -140,6 +183,15 @@ func (st *Status) Evaluate(th Thresholds) {
 	if !st.Kafka.Reachable {
 		problems = append(problems, "kafka unreachable: "+st.Kafka.Error)
 	}
+	if c := st.Checkpoint; c != nil {
+		switch {
+		case !c.Known:
+			problems = append(problems, fmt.Sprintf("checkpoint topic %s could not be read: %s", c.Topic, c.Error))
+		case c.Found && s.Exists && s.ConfirmedFlush > c.LSN:
+			problems = append(problems, fmt.Sprintf("slot %s is confirmed at %s, ahead of the last checkpoint %s: it was dropped and created anew or advanced by hand, and events between may never have reached Kafka; run refuses to start (recover with outbox-cdc resync, or accept the gap with run --accept-gap)",
+				s.Name, s.ConfirmedFlush, c.LSN))
+		}
+	}
 	st.Problems = problems
 	st.Healthy = len(problems) == 0
 }
@@ -198,6 +250,16 @@ func (st Status) Print(w io.Writer) {
 	})
 	k := st.Kafka
 	fmt.Fprintf(tw, "kafka\t%s\n  reachable\t%t\n", strings.Join(k.Brokers, ","), k.Reachable)
+	if c := st.Checkpoint; c != nil {
+		switch {
+		case !c.Known:
+			fmt.Fprintf(tw, "  checkpoint\tunknown (%s)\n", c.Topic)
+		case !c.Found:
+			fmt.Fprintf(tw, "  checkpoint\tnone yet (%s)\n", c.Topic)
+		default:
+			fmt.Fprintf(tw, "  checkpoint\t%s, written %s (%s)\n", c.LSN, c.Written.UTC().Format(time.RFC3339), c.Topic)
+		}
+	}
 	if len(k.TopicsPresent)+len(k.TopicsMissing) > 0 {
 		fmt.Fprintf(tw, "  topics present\t%s\n  topics missing\t%s\n", strings.Join(k.TopicsPresent, ", "), strings.Join(k.TopicsMissing, ", "))
 	}

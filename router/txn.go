@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -11,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
 // Transactions turn on the exactly-once mode: records are produced in Kafka transactions, each of
@@ -53,26 +55,51 @@ func (r *Router) Fence(ctx context.Context) error {
 // ReadCheckpoint reads the checkpoint topic to its end with read_committed isolation and returns the
 // slot's last checkpoint, or nil when none was ever committed.
 func (r *Router) ReadCheckpoint(ctx context.Context) (*checkpoint.Record, error) {
-	t := r.opts.Transactions
-	ends, err := r.admin.ListEndOffsets(ctx, t.Topic)
+	return ReadCheckpoint(ctx, r.opts.Kafka, r.opts.Transactions.Topic, r.opts.Transactions.Slot, r.log)
+}
+
+// ReadCheckpoint reads topic to its end with read_committed isolation and returns slot's last
+// checkpoint, or nil when none was ever committed (or the topic does not exist). Malformed records
+// are logged and skipped.
+func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot checkpoint.SlotID, log *slog.Logger) (*checkpoint.Record, error) {
+	opts, err := ClientOpts(k)
 	if err != nil {
-		return nil, fmt.Errorf("list the end offsets of checkpoint topic %s: %w", t.Topic, err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	starts, err := r.admin.ListStartOffsets(ctx, t.Topic)
+	consumer, err := kgo.NewClient(append(opts,
+		kgo.ClientID(k.ClientID),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Every transaction ends with a control record, kept so that the end is seen even when the
+		// log ends with an aborted transaction.
+		kgo.KeepControlRecords(),
+		kgo.WithLogger(kgoLogger{log}),
+	)...)
 	if err != nil {
-		return nil, fmt.Errorf("list the start offsets of checkpoint topic %s: %w", t.Topic, err)
+		return nil, fmt.Errorf("create checkpoint reader: %w", err)
+	}
+	defer consumer.Close()
+	admin := kadm.NewClient(consumer)
+	ends, err := admin.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list the end offsets of checkpoint topic %s: %w", topic, err)
+	}
+	starts, err := admin.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list the start offsets of checkpoint topic %s: %w", topic, err)
 	}
 	want := make(map[int32]int64) // partition -> last offset to read
 	from := make(map[int32]kgo.Offset)
 	var lerr error
 	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			lerr = errors.Join(lerr, fmt.Errorf("checkpoint topic %s partition %d: %w", t.Topic, o.Partition, o.Err))
-			return
-		}
-		if s, ok := starts.Lookup(t.Topic, o.Partition); !ok || o.Offset > s.Offset {
-			want[o.Partition] = o.Offset - 1
-			from[o.Partition] = kgo.NewOffset().AtStart()
+		switch {
+		case errors.Is(o.Err, kerr.UnknownTopicOrPartition):
+		case o.Err != nil:
+			lerr = errors.Join(lerr, fmt.Errorf("checkpoint topic %s partition %d: %w", topic, o.Partition, o.Err))
+		default:
+			if s, ok := starts.Lookup(topic, o.Partition); !ok || o.Offset > s.Offset {
+				want[o.Partition] = o.Offset - 1
+				from[o.Partition] = kgo.NewOffset().AtStart()
+			}
 		}
 	})
 	if lerr != nil {
@@ -81,36 +108,20 @@ func (r *Router) ReadCheckpoint(ctx context.Context) (*checkpoint.Record, error)
 	if len(want) == 0 {
 		return nil, nil
 	}
-	opts, err := ClientOpts(r.opts.Kafka)
-	if err != nil {
-		return nil, err
-	}
-	consumer, err := kgo.NewClient(append(opts,
-		kgo.ClientID(r.opts.Kafka.ClientID),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.Topic: from}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// Every transaction ends with a control record, kept so that the end is seen even when the
-		// log ends with an aborted transaction.
-		kgo.KeepControlRecords(),
-		kgo.WithLogger(kgoLogger{r.log}),
-	)...)
-	if err != nil {
-		return nil, fmt.Errorf("create checkpoint reader: %w", err)
-	}
-	defer consumer.Close()
-	key := t.Slot.String()
+	consumer.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})
+	key := slot.String()
 	var last *checkpoint.Record
 	for len(want) > 0 {
 		fetches := consumer.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read checkpoint topic %s to its end: %w", t.Topic, err)
+			return nil, fmt.Errorf("read checkpoint topic %s to its end: %w", topic, err)
 		}
 		var ferr error
 		fetches.EachError(func(_ string, p int32, err error) {
 			ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
 		})
 		if ferr != nil {
-			return nil, fmt.Errorf("read checkpoint topic %s: %w", t.Topic, ferr)
+			return nil, fmt.Errorf("read checkpoint topic %s: %w", topic, ferr)
 		}
 		fetches.EachRecord(func(rec *kgo.Record) {
 			if end, ok := want[rec.Partition]; ok && rec.Offset >= end {
@@ -121,7 +132,7 @@ func (r *Router) ReadCheckpoint(ctx context.Context) (*checkpoint.Record, error)
 			}
 			cp, err := checkpoint.ParseRecord(rec.Key, rec.Value)
 			if err != nil {
-				r.log.Warn("ignoring a malformed checkpoint record", "topic", t.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
+				log.Warn("ignoring a malformed checkpoint record", "topic", topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
 				return
 			}
 			last = &cp
@@ -189,17 +200,17 @@ func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
 	r.opts.Counters.TransactionsCommitted.Add(1)
 	if r.opts.Observer != nil {
 		if o, ok := r.opts.Observer.(TxnObserver); ok {
-			o.TransactionCommitted(cp.Records, time.Since(start), cp.LSN)
+			o.TransactionCommitted(cp.Records, time.Since(start))
 		}
 	}
 	return nil
 }
 
 // TxnObserver is an Observer that is also told of every committed Kafka transaction (exactly-once
-// mode): how many records it held, how long its commit took, and its checkpoint position.
+// mode): how many records it held (the checkpoint record not counted) and how long its commit took
+// (producing the checkpoint, waiting for every acknowledgement, ending the transaction).
 type TxnObserver interface {
-	TransactionCommitted(records int, commitLatency time.Duration, lsn checkpoint.LSN)
-	TransactionAborted()
+	TransactionCommitted(records int, commitLatency time.Duration)
 }
 
 // Abort aborts the open Kafka transaction, if any, so that read_uncommitted consumers are told soon
@@ -228,9 +239,6 @@ func (r *Router) abort() {
 	}
 	if r.inTxn {
 		r.opts.Counters.TransactionsAborted.Add(1)
-		if o, ok := r.opts.Observer.(TxnObserver); ok {
-			o.TransactionAborted()
-		}
 	}
 	r.inTxn = false
 	r.txnRecords = 0

@@ -8,6 +8,7 @@
 // It exits 1 if anything was lost, arrived out of order or wrong, or a fault was not recovered from.
 //
 //	go run ./scripts/chaos                 # short mode: about two and a half minutes of faults
+//	go run ./scripts/chaos -delivery exactly-once   # the same in exactly-once mode: any duplicate fails
 //	go run ./scripts/chaos -long           # 1,000,000 events, 50 kills, 5 broker and 3 PostgreSQL restarts, 10 network faults
 package main
 
@@ -47,6 +48,7 @@ type options struct {
 	binary      string
 	minimum     map[string]int
 	recoverWait time.Duration
+	delivery    string
 }
 
 func main() {
@@ -58,7 +60,12 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 400, "events per second written (two writers)")
 	flag.StringVar(&o.binary, "binary", "bin/outbox-cdc", "the outbox-cdc binary")
 	flag.DurationVar(&o.recoverWait, "recover-timeout", 2*time.Minute, "longest wait for the router to catch up after a fault")
+	flag.StringVar(&o.delivery, "delivery", "at-least-once", "kafka.delivery of the router: at-least-once, or exactly-once (read back with read_committed; any duplicate fails the run)")
 	flag.Parse()
+	if o.delivery != "at-least-once" && o.delivery != "exactly-once" {
+		fmt.Fprintln(os.Stderr, "chaos: -delivery must be at-least-once or exactly-once")
+		os.Exit(2)
+	}
 	if *long {
 		o.duration, o.events, o.every, o.rate = 0, 1_000_000, 7*time.Second, 1500
 		o.minimum = map[string]int{"kill": 50, "term": 5, "kafka": 5, "pg_fast": 2, "pg_immediate": 1, "cut": 5, "blackhole": 5}
@@ -195,8 +202,8 @@ func run(ctx context.Context, o options) (bool, error) {
 	for _, k := range kinds {
 		counts = append(counts, fmt.Sprintf("%s:%d", k, s.faults[k]))
 	}
-	fmt.Printf("chaos: events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=%s recovery_median=%s recovery_max=%s unrecovered=%d duration=%s\n",
-		rep.Events, rep.Missing, rep.OrderViolations, rep.Wrong, rep.Duplicates, strings.Join(counts, ","),
+	fmt.Printf("chaos: delivery=%s events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=%s recovery_median=%s recovery_max=%s unrecovered=%d duration=%s\n",
+		o.delivery, rep.Events, rep.Missing, rep.OrderViolations, rep.Wrong, rep.Duplicates, strings.Join(counts, ","),
 		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), len(s.unrecovered), time.Since(start).Round(time.Second))
 	for i, p := range rep.Problems {
 		if i == 20 {
@@ -212,6 +219,10 @@ func run(ctx context.Context, o options) (bool, error) {
 		fmt.Println("  at the end: " + caughtUp.Error())
 	}
 	ok := rep.Missing == 0 && rep.OrderViolations == 0 && rep.Wrong == 0 && len(s.unrecovered) == 0 && caughtUp == nil
+	if o.delivery == "exactly-once" && rep.Duplicates > 0 {
+		fmt.Printf("  exactly-once: a read_committed consumer saw %d duplicates\n", rep.Duplicates)
+		ok = false
+	}
 	if !ok {
 		fmt.Println("  router log: " + s.logPath)
 	}
@@ -424,7 +435,7 @@ func (s *suite) write(ctx context.Context, w int) {
 		if !known {
 			_ = db.Close(context.Background())
 			db = nil
-			committed = s.lookup(ctx, txid)
+			committed = s.lookup(txid)
 		}
 		if committed {
 			s.mu.Lock()
@@ -464,9 +475,12 @@ func (s *suite) commit(ctx context.Context, db *pgx.Conn, evs []testenv.Event, t
 }
 
 // lookup says whether the transaction txid committed, once the database answers again.
-func (s *suite) lookup(ctx context.Context, txid string) bool {
+// It does not use the writers' context, which ends when they stop, possibly with a commit unresolved.
+func (s *suite) lookup(txid string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var found bool
-	if err := s.admin(context.Background(), func(c *pgx.Conn) error {
+	if err := s.admin(ctx, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+s.table+"_txlog WHERE id = $1)", txid).Scan(&found)
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: cannot resolve a commit's outcome:", err)
@@ -481,8 +495,12 @@ func (s *suite) consume(want []testenv.Event) []*kgo.Record {
 	for _, e := range want {
 		ids[e.ID] = true
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.ConsumeTopics(s.pfx+".OrderPlaced", s.pfx+".OrderPaid"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	opts := []kgo.Opt{kgo.SeedBrokers(s.brokers...), kgo.ConsumeTopics(s.pfx+".OrderPlaced", s.pfx+".OrderPaid"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200 * time.Millisecond)}
+	if s.o.delivery == "exactly-once" {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: consumer:", err)
 		return nil
@@ -534,7 +552,7 @@ func (s *suite) startRouter() (*routerProc, error) {
 		"OUTBOX_CDC_TABLE="+s.table, "OUTBOX_CDC_SLOT="+s.slot, "OUTBOX_CDC_PUBLICATION="+s.pub,
 		"OUTBOX_CDC_TOPIC="+s.pfx+".{event_type}", "OUTBOX_CDC_STATUS_INTERVAL=2s", "OUTBOX_CDC_RECEIVE_TIMEOUT=5s",
 		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms", "OUTBOX_CDC_SHUTDOWN_TIMEOUT=10s", "OUTBOX_CDC_LOG_FORMAT=json",
-		"OUTBOX_CDC_METRICS_ADDR="+metrics)
+		"OUTBOX_CDC_METRICS_ADDR="+metrics, "OUTBOX_CDC_DELIVERY="+s.o.delivery, "OUTBOX_CDC_CHECKPOINT_TOPIC="+s.pfx+".checkpoints")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()

@@ -16,13 +16,23 @@ import (
 func main() {
 	brokers := flag.String("brokers", os.Getenv("OUTBOX_CDC_BROKERS"), "Kafka brokers, comma-separated ($OUTBOX_CDC_BROKERS)")
 	topic := flag.String("topic", "", "topic to read (required)")
+	isolation := flag.String("isolation", "read_committed", "read_committed (what exactly-once consumers must use: records of aborted Kafka transactions are never shown) or read_uncommitted")
 	flag.Parse()
+	level := kgo.ReadCommitted()
+	switch *isolation {
+	case "read_committed":
+	case "read_uncommitted":
+		level = kgo.ReadUncommitted()
+	default:
+		fmt.Fprintln(os.Stderr, "consume: -isolation must be read_committed or read_uncommitted")
+		os.Exit(2)
+	}
 	if *topic == "" || *brokers == "" {
 		fmt.Fprintln(os.Stderr, "usage: consume -topic NAME [-brokers host:port] (source .dev/env for the local broker)")
 		os.Exit(2)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(*brokers, ",")...), kgo.ConsumeTopics(*topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(level))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
