@@ -93,10 +93,7 @@ func run(c config, runs int) error {
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	fmt.Printf("drain: %d events, ~%d B JSON payload, COPY in transactions of %d rows; steady: %d events/s in transactions of %d for %s\n\n",
 		c.events, c.payload, c.txRows, c.rate, c.steadyRows, c.steadyFor)
-	systems := []string{"outbox-cdc"}
-	if c.compare {
-		systems = append(systems, "debezium")
-	}
+	systems := c.systems()
 	var results []result
 	for i := 1; i <= runs; i++ {
 		r, err := once(c, i)
@@ -151,15 +148,16 @@ func run(c config, runs int) error {
 			row{"steady: confirmed_flush_lsn trails the WAL, max (bytes)", func(m *measured) float64 { return float64(m.trailMax) }, "%.0f"},
 		)
 	}
+	// Ratios of medians, each pair measured side by side in the same runs.
+	ratios := [][2]int{{1, 0}} // exactly-once / at-least-once
+	if c.compare {
+		ratios = append(ratios, [2]int{0, 2}) // outbox-cdc / debezium
+	}
 	fmt.Printf("\nmedians of %d runs\n\n| figure | %s |", runs, strings.Join(systems, " | "))
-	if c.compare {
-		fmt.Printf(" outbox-cdc / debezium |")
+	for _, r := range ratios {
+		fmt.Printf(" %s / %s |", systems[r[0]], systems[r[1]])
 	}
-	fmt.Printf("\n|---|%s", strings.Repeat("---|", len(systems)))
-	if c.compare {
-		fmt.Printf("---|")
-	}
-	fmt.Println()
+	fmt.Printf("\n|---|%s%s\n", strings.Repeat("---|", len(systems)), strings.Repeat("---|", len(ratios)))
 	for _, r := range rows {
 		fmt.Printf("| %s |", r.name)
 		var vals []float64
@@ -168,9 +166,9 @@ func run(c config, runs int) error {
 			vals = append(vals, v)
 			fmt.Printf(" "+r.unit+" |", v)
 		}
-		if c.compare {
-			if vals[1] > 0 && vals[0] >= 0 {
-				fmt.Printf(" %.2f |", vals[0]/vals[1])
+		for _, q := range ratios {
+			if vals[q[1]] > 0 && vals[q[0]] >= 0 {
+				fmt.Printf(" %.2f |", vals[q[0]]/vals[q[1]])
 			} else {
 				fmt.Printf(" - |")
 			}
@@ -180,11 +178,26 @@ func run(c config, runs int) error {
 	router := sysMed("outbox-cdc", func(m *measured) float64 { return streamRate(c.events, m) })
 	fmt.Printf("\nceilings on the same data: pg_recvlogical (decode) %.0f events/s, raw franz-go producer (Kafka) %.0f events/s\n", decode, kafka)
 	fmt.Printf("outbox-cdc / decode ceiling %.2f, outbox-cdc / Kafka ceiling %.2f\n", router/decode, router/kafka)
+	eos := sysMed(systemEOS, func(m *measured) float64 { return streamRate(c.events, m) })
+	fmt.Printf("%s / decode ceiling %.2f, exactly-once / at-least-once drain %.2f\n", systemEOS, eos/decode, eos/router)
 	if c.compare {
 		dbz := sysMed("debezium", func(m *measured) float64 { return streamRate(c.events, m) })
 		fmt.Printf("debezium / decode ceiling %.2f, debezium / Kafka ceiling %.2f\n", dbz/decode, dbz/kafka)
 	}
 	return nil
+}
+
+// systemEOS is outbox-cdc in exactly-once mode (kafka.delivery=exactly-once; read back read_committed).
+const systemEOS = "outbox-cdc exactly-once"
+
+// systems are the systems measured in each run, in this order: outbox-cdc (at-least-once), outbox-cdc
+// in exactly-once mode, and Debezium with -compare.
+func (c config) systems() []string {
+	s := []string{"outbox-cdc", systemEOS}
+	if c.compare {
+		s = append(s, "debezium")
+	}
+	return s
 }
 
 func rate(n int, d time.Duration) float64 {

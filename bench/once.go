@@ -67,10 +67,7 @@ func once(c config, n int) (res result, err error) {
 	}
 	defer os.RemoveAll(b.workDir)
 
-	systems := []string{"outbox-cdc"}
-	if c.compare {
-		systems = append(systems, "debezium")
-	}
+	systems := c.systems()
 	var targets []*target
 	defer func() {
 		for _, t := range targets {
@@ -80,7 +77,7 @@ func once(c config, n int) (res result, err error) {
 	}()
 	for _, sys := range systems {
 		t := &target{system: sys}
-		suffix := strings.ReplaceAll(sys, "-", "")
+		suffix := strings.NewReplacer("-", "", " ", "_").Replace(sys)
 		t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
 		t.topic = "bench." + strings.ReplaceAll(b.id, "_", "-") + "." + suffix
 		targets = append(targets, t)
@@ -168,7 +165,7 @@ func (b *bench) cleanup(t *target) {
 	_, _ = b.db.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", t.slot)
 	_, _ = b.db.Exec(ctx, "DROP PUBLICATION IF EXISTS "+t.pub)
 	_, _ = b.db.Exec(ctx, "DROP TABLE IF EXISTS "+t.table)
-	_, _ = b.admin.DeleteTopics(ctx, t.topic)
+	_, _ = b.admin.DeleteTopics(ctx, t.topic, t.topic+".checkpoints")
 }
 
 func (b *bench) dropCeiling() {
@@ -219,12 +216,18 @@ func (b *bench) decodeCeiling(ctx context.Context, t *target) (time.Duration, er
 	return time.Since(start), nil
 }
 
+// exactlyOnce reports whether the target is outbox-cdc in exactly-once mode.
+func (t *target) exactlyOnce() bool { return t.system == systemEOS }
+
 func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 	cmd := exec.Command(b.c.binary, "run")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+b.c.pgURL, "OUTBOX_CDC_BROKERS="+b.c.brokers,
 		"OUTBOX_CDC_TABLE="+t.table, "OUTBOX_CDC_SLOT="+t.slot, "OUTBOX_CDC_PUBLICATION="+t.pub,
 		"OUTBOX_CDC_TOPIC="+t.topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
 		"OUTBOX_CDC_STATUS_INTERVAL=1s")
+	if t.exactlyOnce() {
+		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
+	}
 	cmd.Stderr = os.Stderr
 	return cmd, cmd.Start()
 }
@@ -244,12 +247,17 @@ func (b *bench) drain(ctx context.Context, pid int, t *target, m *measured) erro
 			if n > 0 && m.firstRecord == 0 {
 				m.firstRecord = time.Since(start)
 			}
-			if n >= int64(b.c.events) {
+			// In exactly-once mode the offsets count transaction markers too, and records are
+			// delivered only once committed: the slot's confirm, which follows the commit, says when.
+			if n >= int64(b.c.events) && !t.exactlyOnce() {
 				m.drain = time.Since(start)
 			}
 		}
 		if m.confirmed == 0 && b.confirmedLSN(ctx, t.slot) >= t.lastTxLSN {
 			m.confirmed = time.Since(start)
+			if t.exactlyOnce() {
+				m.drain = m.confirmed
+			}
 		}
 		if m.drain > 0 && m.confirmed == 0 && time.Since(start) > m.drain+15*time.Second {
 			m.confirmed = -time.Second
@@ -310,8 +318,12 @@ func (b *bench) kafkaCeiling(ctx context.Context) (time.Duration, error) {
 // steady writes at the configured rate through the running system and measures commit-to-receipt
 // latency with a consumer, and how far the slot's confirmed position trails the WAL.
 func (b *bench) steady(ctx context.Context, pid int, t *target, m *measured) error {
-	cons, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(b.c.brokers, ",")...), kgo.ConsumeTopics(t.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(10*time.Millisecond))
+	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(b.c.brokers, ",")...), kgo.ConsumeTopics(t.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(10 * time.Millisecond)}
+	if t.exactlyOnce() {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cons, err := kgo.NewClient(opts...)
 	if err != nil {
 		return err
 	}

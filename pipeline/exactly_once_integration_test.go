@@ -22,6 +22,24 @@ func eosConfig(f *testenv.Fixture) config.Config {
 	return cfg
 }
 
+// deliveryMode is one value of kafka.delivery for tests that run in both: its configuration, and the
+// consumer options of its consumers.
+type deliveryMode struct {
+	name     string
+	config   func(*testenv.Fixture) config.Config
+	consumer []kgo.Opt
+}
+
+// forEachDelivery runs test once in each delivery mode.
+func forEachDelivery(t *testing.T, test func(*testing.T, deliveryMode)) {
+	for _, m := range []deliveryMode{
+		{name: config.DeliveryAtLeastOnce, config: testConfig},
+		{name: config.DeliveryExactlyOnce, config: eosConfig, consumer: []kgo.Opt{readCommitted}},
+	} {
+		t.Run(m.name, func(t *testing.T) { test(t, m) })
+	}
+}
+
 // readCommitted is the consumer setting exactly-once consumers use.
 var readCommitted = kgo.FetchIsolationLevel(kgo.ReadCommitted())
 

@@ -158,8 +158,12 @@ func TestAlterTableUnderLoad(t *testing.T) {
 // TestPoisonRowGoesToDLQ: a payload over the maximum message size lands in the dead-letter topic
 // with its reason, and the rows around it are delivered in order.
 func TestPoisonRowGoesToDLQ(t *testing.T) {
+	forEachDelivery(t, testPoisonRowGoesToDLQ)
+}
+
+func testPoisonRowGoesToDLQ(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
-	cfg := testConfig(f)
+	cfg := mode.config(f)
 	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
 	startPipeline(t, cfg)
 	ctx := context.Background()
@@ -171,10 +175,10 @@ func TestPoisonRowGoesToDLQ(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Big"), 2, time.Minute)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Big"), 2, time.Minute, mode.consumer...)
 	testenv.VerifyDelivery(t, f, []testenv.Event{before, after}, got)
 
-	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute)
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute, mode.consumer...)
 	if len(dlq) != 1 {
 		t.Fatalf("dead-letter topic holds %d records, want 1", len(dlq))
 	}
@@ -449,6 +453,10 @@ func TestKafkaTLS(t *testing.T) {
 // small neighbours with the same error. Only the oversized record may be dead-lettered; the
 // neighbours are replayed and delivered, in order, and nothing replays forever.
 func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
+	forEachDelivery(t, testBrokerRejectionDeadLettersOnlyTheRecordAtFault)
+}
+
+func testBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
 	topic := f.TopicPrefix + ".Shrinking"
 	cl, err := kgo.NewClient(kgo.SeedBrokers(f.Brokers...))
@@ -461,7 +469,7 @@ func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
 	if _, err := adm.CreateTopic(ctx, 1, -1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
-	cfg := testConfig(f)
+	cfg := mode.config(f)
 	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
 	run := startPipeline(t, cfg)
 	gen := testenv.NewGenerator(1, "Shrinking")
@@ -469,7 +477,7 @@ func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
 	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{warm}, true); err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 1, time.Minute)
+	testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 1, time.Minute, mode.consumer...)
 	limit := "4096"
 	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, topic); err != nil {
 		t.Fatal(err)
@@ -484,11 +492,11 @@ func TestBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T) {
 	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{before, big, after}, true); err != nil {
 		t.Fatal(err)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 3, time.Minute)
+	got := testenv.ConsumeDistinct(t, f.Brokers, []string{topic}, 3, time.Minute, mode.consumer...)
 	testenv.VerifyDelivery(t, f, []testenv.Event{warm, before, after}, got)
-	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, 30*time.Second)
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, 30*time.Second, mode.consumer...)
 	time.Sleep(time.Second)
-	dlq = append(dlq, testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 100, 2*time.Second)[len(dlq):]...)
+	dlq = append(dlq, testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 100, 2*time.Second, mode.consumer...)[len(dlq):]...)
 	if len(dlq) != 1 || testenv.Header(dlq[0], "event_id") != big.ID {
 		ids := make([]string, len(dlq))
 		for i, r := range dlq {

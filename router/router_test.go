@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
@@ -188,7 +189,14 @@ func (c *classes) DeadLettered(_, class string) {
 // them, but fail naming the transactions involved; replayed alone (IsolateUntil), only the record at
 // fault is dead-lettered and its neighbours are delivered.
 func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "dlq"))
+	t.Run("at-least-once", func(t *testing.T) { testRejectedBatchIsolates(t, false) })
+	// In a Kafka transaction, the record that fails alone and its dead-letter record share the
+	// transaction with its neighbours, and the transaction still commits.
+	t.Run("exactly-once", func(t *testing.T) { testRejectedBatchIsolates(t, true) })
+}
+
+func testRejectedBatchIsolates(t *testing.T, transactional bool) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "dlq", "checkpoints"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +214,9 @@ func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
 			o.Counters = counters
 			o.Observer = obs
 			o.IsolateUntil = isolateUntil
+			if transactional {
+				o.Transactions = &Transactions{Slot: checkpoint.SlotID{SystemID: "1", Database: "db", Slot: "s"}, Topic: "checkpoints", Timeout: 30 * time.Second}
+			}
 			o.ExtraOpts = []kgo.Opt{kgo.MaxVersions(kversion.V3_9_0()), kgo.ProducerBatchCompression(kgo.NoCompression())}
 		})
 		return r, counters
@@ -256,6 +267,17 @@ func TestRejectedBatchIsolatesTheRecordAtFault(t *testing.T) {
 	}
 	if counters.Produced.Load() != 2 || counters.DeadLettered.Load() != 1 {
 		t.Fatalf("replay produced %d and dead-lettered %d, want 2 and 1", counters.Produced.Load(), counters.DeadLettered.Load())
+	}
+	if transactional {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		if err := second.Commit(cctx, checkpoint.Record{LSN: commitLSN + 10}); err != nil {
+			t.Fatalf("the replay's Kafka transaction did not commit: %v", err)
+		}
+		last, err := second.ReadCheckpoint(cctx)
+		if err != nil || last == nil || last.LSN != commitLSN+10 || last.Records != 3 {
+			t.Fatalf("checkpoint read back %+v (%v), want one at %d holding 3 records", last, err, commitLSN+10)
+		}
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
@@ -564,4 +586,48 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestFencedRouterCannotCommit: a second router of the same slot that fences (as a new instance does
+// at start) leaves the first unable to commit its open transaction; its error says it was fenced,
+// and the checkpoint read back is the second one's.
+func TestFencedRouterCannotCommit(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slot := checkpoint.SlotID{SystemID: "1", Database: "db", Slot: "s"}
+	newRouter := func() *Router {
+		return testRouter(t, c, func(o *Options) {
+			o.Transactions = &Transactions{Slot: slot, Topic: "checkpoints", Timeout: 30 * time.Second}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	old := newRouter()
+	if err := old.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var acked atomic.Int32
+	if err := send(t, old, row("orders", "e1"), func() { acked.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	testWait(t, 10*time.Second, func() bool { return acked.Load() == 1 })
+
+	next := newRouter()
+	if err := next.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = old.Commit(ctx, checkpoint.Record{LSN: 100})
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("the fenced router's commit returned %v, want ErrFenced", err)
+	}
+	if err := next.Commit(ctx, checkpoint.Record{LSN: 50}); err != nil {
+		t.Fatal(err)
+	}
+	last, err := next.ReadCheckpoint(ctx)
+	if err != nil || last == nil || last.LSN != 50 {
+		t.Fatalf("checkpoint read back %+v (%v), want the new router's at 50", last, err)
+	}
 }

@@ -229,9 +229,9 @@ func (f *Fixture) ConfirmedFlushLSN(t testing.TB) string {
 }
 
 // Consume reads records of topics from the beginning until want records arrived or timeout passed.
-func Consume(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration) []*kgo.Record {
+func Consume(t testing.TB, brokers []string, topics []string, want int, timeout time.Duration, extra ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	return ConsumeUntil(t, brokers, topics, func(recs []*kgo.Record) bool { return len(recs) >= want }, timeout)
+	return ConsumeUntil(t, brokers, topics, func(recs []*kgo.Record) bool { return len(recs) >= want }, timeout, extra...)
 }
 
 // ConsumeDistinct reads records of topics from the beginning until want distinct event_id headers
