@@ -30,6 +30,14 @@ type deliveryMode struct {
 	consumer []kgo.Opt
 }
 
+// checkDuplicates fails the test when a read_committed consumer saw duplicates in exactly-once mode.
+func (m deliveryMode) checkDuplicates(t *testing.T, dups int) {
+	t.Helper()
+	if m.name == config.DeliveryExactlyOnce && dups != 0 {
+		t.Errorf("exactly-once: a read_committed consumer saw %d duplicates, want 0", dups)
+	}
+}
+
 // forEachDelivery runs test once in each delivery mode.
 func forEachDelivery(t *testing.T, test func(*testing.T, deliveryMode)) {
 	for _, m := range []deliveryMode{

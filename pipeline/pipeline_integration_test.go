@@ -247,8 +247,12 @@ func TestPoisonRowWithoutDLQStops(t *testing.T) {
 // confirmed_flush_lsn must never pass what was acknowledged before the broker went away, and every
 // event arrives once it is back.
 func TestBrokerOutageUnderLoad(t *testing.T) {
+	forEachDelivery(t, testBrokerOutageUnderLoad)
+}
+
+func testBrokerOutageUnderLoad(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
-	cfg := testConfig(f)
+	cfg := mode.config(f)
 	cfg.Limits.MaxInFlightRecords = 2000
 	startPipeline(t, cfg)
 	ctx := context.Background()
@@ -276,9 +280,10 @@ func TestBrokerOutageUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Payment"), len(want), 3*time.Minute)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Payment"), len(want), 3*time.Minute, mode.consumer...)
 	dups := testenv.VerifyDelivery(t, f, want, got)
 	t.Logf("%d events written, outage checked by %d samples, %d duplicates", len(want), samples, dups)
+	mode.checkDuplicates(t, dups)
 }
 
 // TestPayloadColumnTypes: json, text and bytea payload columns are forwarded as stored (bytea as its
@@ -316,8 +321,12 @@ func TestPayloadColumnTypes(t *testing.T) {
 // TestReconnectsAfterConnectionLoss terminates the walsender twice under load: the pipeline
 // reconnects with backoff, replays from the slot, and nothing is lost.
 func TestReconnectsAfterConnectionLoss(t *testing.T) {
+	forEachDelivery(t, testReconnectsAfterConnectionLoss)
+}
+
+func testReconnectsAfterConnectionLoss(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
-	run := startPipeline(t, testConfig(f))
+	run := startPipeline(t, mode.config(f))
 	writer := testenv.StartWriter(t, f, testenv.NewGenerator(10, "Reserved"), 3, 5*time.Millisecond, true)
 	admin, err := pgx.Connect(context.Background(), f.AdminURL)
 	if err != nil {
@@ -338,8 +347,9 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Reserved"), len(want), 2*time.Minute)
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Reserved"), len(want), 2*time.Minute, mode.consumer...)
 	dups := testenv.VerifyDelivery(t, f, want, got)
+	mode.checkDuplicates(t, dups)
 	s := run.p.Health()
 	t.Logf("%d events across 2 connection losses: %d reconnects, %d duplicates", len(want), s.Restarts, dups)
 	if s.Restarts < 2 || s.Errors["postgres"] < 2 {
