@@ -116,8 +116,12 @@ func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 // TestIdleOutboxDoesNotPinWAL writes 50 MB to another table while the outbox is idle; the slot's
 // confirmed_flush_lsn must pass those writes within 15 seconds.
 func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
+	forEachDelivery(t, testIdleOutboxDoesNotPinWAL)
+}
+
+func testIdleOutboxDoesNotPinWAL(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
-	startPipeline(t, testConfig(f))
+	startPipeline(t, mode.config(f))
 	ctx := context.Background()
 	busyOtherTable(t, f, 50)
 	var target string
