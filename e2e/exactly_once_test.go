@@ -16,7 +16,7 @@ import (
 
 // eosEnv is routerEnv in exactly-once mode with the fixture's own checkpoint topic.
 func eosEnv(f *testenv.Fixture) []string {
-	return append(routerEnv(f), "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+f.TopicPrefix+".checkpoints")
+	return append(routerEnv(f), "OUTBOX_CDC_DELIVERY=exactly-once")
 }
 
 // TestExactlyOnceUnderKills SIGKILLs the exactly-once router 20 times at random moments while single
@@ -114,7 +114,7 @@ func TestExactlyOnceUnderKills(t *testing.T) {
 	if dups != 0 {
 		t.Errorf("a read_committed consumer saw %d duplicates after %d kills, want 0", dups, kills)
 	}
-	uncommitted := testenv.ConsumeDistinct(t, f.Brokers, topics, len(want), time.Minute)
+	uncommitted := testenv.ConsumeDistinct(t, f.Brokers, topics, len(want), time.Minute, kgo.FetchIsolationLevel(kgo.ReadUncommitted()))
 	rep := testenv.CheckDelivery(f.TopicPrefix, want, uncommitted)
 	t.Logf("%d events, %d kills: read_committed saw %d records (%d duplicates); read_uncommitted saw %d records (%d duplicates from aborted transactions)",
 		len(want), kills, len(got), dups, len(uncommitted), rep.Duplicates)
@@ -148,7 +148,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 		}
 	}
 	write(100)
-	testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute) // read_uncommitted: produced
+	testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute, kgo.FetchIsolationLevel(kgo.ReadUncommitted())) // produced, not yet committed
 	if err := active.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

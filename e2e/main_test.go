@@ -74,6 +74,8 @@ func routerEnv(f *testenv.Fixture) []string {
 		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms",
 		"OUTBOX_CDC_LOG_FORMAT=json",
 		"OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
+		"OUTBOX_CDC_DELIVERY="+testenv.Delivery(),
+		"OUTBOX_CDC_CHECKPOINT_TOPIC="+f.TopicPrefix+".checkpoints",
 	)
 }
 
@@ -296,11 +298,13 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 
 // TestSIGTERMStopsGracefully: SIGTERM while records are handed to Kafka and not yet acknowledged (a
 // long linger holds them) makes the router flush them, confirm them in its final status update, and
-// exit 0; a restart sends nothing again.
+// exit 0; a restart sends nothing again. (In-flight records held by a linger exist only in
+// at-least-once mode: exactly-once flushes at every commit; TestGracefulStopConfirmsAcknowledged covers
+// its open transaction at a stop.)
 func TestSIGTERMStopsGracefully(t *testing.T) {
 	f := testenv.NewFixture(t)
 	addr := freeAddr(t)
-	env := append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+addr, "OUTBOX_CDC_LINGER=5s")
+	env := append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+addr, "OUTBOX_CDC_LINGER=5s", "OUTBOX_CDC_DELIVERY=at-least-once")
 	r := startRouter(t, env)
 	r.waitLog(t, "streaming", 60*time.Second)
 	gen := testenv.NewGenerator(3, "Refunded")
@@ -330,7 +334,7 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 		t.Fatalf("confirmed_flush_lsn %s behind the last commit (WAL at %s after it)", c, afterCommit)
 	}
 	testenv.VerifyDelivery(t, f, evs, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Refunded"), len(evs), time.Minute))
-	again := startRouter(t, routerEnv(f))
+	again := startRouter(t, append(routerEnv(f), "OUTBOX_CDC_DELIVERY=at-least-once"))
 	again.waitLog(t, "streaming", 60*time.Second)
 	time.Sleep(2 * time.Second)
 	if got := testenv.Consume(t, f.Brokers, testenv.TopicsOf(f, "Refunded"), len(evs)+1, 3*time.Second); len(got) != len(evs) {

@@ -127,17 +127,18 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	return nil
 }
 
-// finish ends the session's Kafka transaction: committed when the stream stopped gracefully between
-// whole PostgreSQL transactions, aborted otherwise (its transactions are replayed by the next session).
-func (h *txnHandler) finish(ctx context.Context, commit bool) error {
-	if commit && h.open == nil && h.router.Err() == nil {
-		if err := h.Flush(ctx); err != nil {
-			return fmt.Errorf("commit the last Kafka transaction: %w", err)
-		}
-		return nil
+// finish commits the session's open Kafka transaction when the stream stopped gracefully between
+// whole PostgreSQL transactions, and reports whether it did. Otherwise the transaction is to be
+// aborted (Router.Abort) once PostgreSQL is let go, and its transactions are replayed by the next
+// session.
+func (h *txnHandler) finish(ctx context.Context, commit bool) (committed bool, err error) {
+	if !commit || h.open != nil || h.router.Err() != nil {
+		return false, nil
 	}
-	h.router.Abort()
-	return nil
+	if err := h.Flush(ctx); err != nil {
+		return false, fmt.Errorf("commit the last Kafka transaction: %w", err)
+	}
+	return true, nil
 }
 
 // startExactlyOnce fences older instances of the slot, reads the last checkpoint and decides where

@@ -26,6 +26,8 @@ func testConfig(f *testenv.Fixture) config.Config {
 	cfg.Kafka.TopicPartitions = 3
 	cfg.Routing.Topic = f.TopicPrefix + ".{event_type}"
 	cfg.ShutdownTimeout = 20 * time.Second
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
 	return cfg
 }
 

@@ -364,13 +364,18 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	graceful := ctx.Err() != nil && rt.Err() == nil
 	if eos != nil {
 		// The open Kafka transaction is committed only when the stream stopped between whole
-		// PostgreSQL transactions; otherwise it is aborted and replayed.
+		// PostgreSQL transactions; otherwise it is aborted, once PostgreSQL is let go, and replayed.
 		fctx, fcancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
-		if err := eos.finish(fctx, graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil)); err != nil {
+		committed, err := eos.finish(fctx, graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil))
+		fcancel()
+		if err != nil {
 			p.log.Warn("stop: the last Kafka transaction was not committed; the next session replays it", "error", err.Error())
 			graceful = false
 		}
-		fcancel()
+		if !committed {
+			defer rt.Abort() // runs before the deferred rt.Close, after the stream is closed below
+			defer func() { _ = stream.Close(context.Background()) }()
+		}
 	} else if graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil) {
 		// Everything handed to Kafka before the stop is delivered and confirmed: a restart resumes
 		// exactly where this session stopped.

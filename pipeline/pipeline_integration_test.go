@@ -80,12 +80,22 @@ func TestInsertAndDeleteInOneTransaction(t *testing.T) {
 }
 
 // TestGracefulStopConfirmsAcknowledged: a graceful stop while records are handed to Kafka and not
-// yet acknowledged (a long linger holds them) flushes them and confirms them in the final status
-// update, so a restart delivers nothing again.
+// yet acknowledged (a long linger holds them), or in exactly-once mode acknowledged in a Kafka
+// transaction still open (a long transaction interval), flushes and commits them and confirms them
+// in the final status update, so a restart delivers nothing again.
 func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
+	forEachDelivery(t, testGracefulStopConfirmsAcknowledged)
+}
+
+func testGracefulStopConfirmsAcknowledged(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
-	cfg := testConfig(f)
+	cfg := mode.config(f)
 	cfg.Kafka.Linger = 5 * time.Second
+	eos := cfg.Kafka.ExactlyOnce()
+	if eos {
+		cfg.Kafka.Linger = 10 * time.Millisecond
+		cfg.Kafka.TransactionInterval = 5 * time.Second
+	}
 	run := startPipeline(t, cfg)
 	gen := testenv.NewGenerator(2, "Ping")
 	evs := []testenv.Event{gen.Event(0), gen.Event(1)}
@@ -96,7 +106,14 @@ func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 	if err := f.DB.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&afterCommit); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool { return run.p.Router.InFlightRecords.Load() == int64(len(evs)) })
+	if eos {
+		testenv.WaitFor(t, 30*time.Second, "records acknowledged in an open Kafka transaction", func() bool { return run.p.Router.Produced.Load() == int64(len(evs)) })
+	} else {
+		testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool { return run.p.Router.InFlightRecords.Load() == int64(len(evs)) })
+	}
+	if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c >= testenv.MustLSN(t, afterCommit) {
+		t.Fatalf("confirmed %s before the records were delivered", c)
+	}
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +123,7 @@ func TestGracefulStopConfirmsAcknowledged(t *testing.T) {
 		t.Fatalf("confirmed_flush_lsn %s is behind the last commit (wal was at %s after it)", confirmed, afterCommit)
 	}
 	// A restart must not deliver the events again.
-	again := startPipeline(t, testConfig(f))
+	again := startPipeline(t, mode.config(f))
 	time.Sleep(3 * time.Second)
 	if n := again.p.Router.Produced.Load(); n != 0 {
 		t.Fatalf("restart after a graceful stop produced %d records again", n)

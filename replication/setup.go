@@ -57,18 +57,29 @@ func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot strin
 	return LSN(lsn), res.SnapshotName, nil
 }
 
-// Identify returns the cluster's system identifier and the database name, as the replication
-// protocol's IDENTIFY_SYSTEM reports them: with the slot's name they identify a slot across
-// processes (the exactly-once mode's checkpoint key and Kafka transactional id).
+// Identify returns the cluster's system identifier and the database name: with the slot's name they
+// identify a slot across processes (the exactly-once mode's checkpoint key and Kafka transactional
+// id). It asks over an ordinary connection (pg_control_system(), executable by everyone unless a
+// service revoked it), so that a role without REPLICATION gets set-up's clear error rather than
+// this one's; where that is refused it asks IDENTIFY_SYSTEM over a replication connection.
 func Identify(ctx context.Context, url string) (systemID, database string, err error) {
-	conn, err := Connect(ctx, url)
+	cat, err := OpenCatalog(ctx, url)
 	if err != nil {
 		return "", "", err
 	}
+	err = cat.conn.QueryRow(ctx, "SELECT system_identifier::text, current_database() FROM pg_control_system()").Scan(&systemID, &database)
+	_ = cat.Close(context.Background())
+	if err == nil {
+		return systemID, database, nil
+	}
+	conn, cerr := Connect(ctx, url)
+	if cerr != nil {
+		return "", "", fmt.Errorf("identify the database system: %w", errors.Join(err, cerr))
+	}
 	defer func() { _ = conn.Close(context.Background()) }()
-	res, err := pglogrepl.IdentifySystem(ctx, conn)
-	if err != nil {
-		return "", "", fmt.Errorf("identify the database system: %w", err)
+	res, ierr := pglogrepl.IdentifySystem(ctx, conn)
+	if ierr != nil {
+		return "", "", fmt.Errorf("identify the database system: %w", errors.Join(err, ierr))
 	}
 	return res.SystemID, res.DBName, nil
 }

@@ -156,9 +156,9 @@ func (r *Router) begin() error {
 
 // Commit ends the open Kafka transaction with the checkpoint cp: it produces the checkpoint record,
 // waits until every record of the transaction is acknowledged, and commits. When it returns nil,
-// everything produced since the last Commit, and cp, are committed together. On any error the
-// transaction is aborted (or left for the next instance's fencing to abort) and the router fails:
-// the session must replay from the slot. With no transaction open, Commit opens one to hold only the
+// everything produced since the last Commit, and cp, are committed together. On any error the router
+// fails and the session must replay from the slot; the transaction is left for Abort (or for the next
+// instance's fencing) to abort. With no transaction open, Commit opens one to hold only the
 // checkpoint (an idle checkpoint). A checkpoint at position zero is not written (a resync's snapshot
 // transactions before the last).
 func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
@@ -191,9 +191,10 @@ func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
 		err = r.client.EndTransaction(ctx, kgo.TryCommit)
 	}
 	if err != nil {
+		// The transaction stays open until Abort: the caller lets go of PostgreSQL first, since an
+		// abort waits for Kafka, which may be what failed.
 		err = r.wrapTxnErr("commit kafka transaction", err)
 		r.fail(err)
-		r.abort()
 		return err
 	}
 	r.inTxn = false
@@ -214,8 +215,8 @@ type TxnObserver interface {
 }
 
 // Abort aborts the open Kafka transaction, if any, so that read_uncommitted consumers are told soon
-// and the next session need not wait for the broker to abort it. Best effort: fencing at the next
-// start aborts it anyway.
+// and the next session need not wait for the broker to abort it. It waits for Kafka up to 5 s: call
+// it after letting go of PostgreSQL. Best effort: fencing at the next start aborts it anyway.
 func (r *Router) Abort() {
 	if !r.transactional() {
 		return

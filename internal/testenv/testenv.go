@@ -62,6 +62,16 @@ func lookup(t testing.TB, key string) string {
 	return ""
 }
 
+// Delivery is the kafka.delivery the suite runs the router in: at-least-once, or exactly-once when
+// OUTBOX_CDC_TEST_DELIVERY says so (make test-exactly-once runs the integration suites that way).
+// Tests that exist for one mode set it themselves.
+func Delivery() string {
+	if v := os.Getenv("OUTBOX_CDC_TEST_DELIVERY"); v != "" {
+		return v
+	}
+	return "at-least-once"
+}
+
 func requireIntegration(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
@@ -259,8 +269,10 @@ func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, 
 // options are added to the consumer.
 func ConsumeUntil(t testing.TB, brokers []string, topics []string, done func([]*kgo.Record) bool, timeout time.Duration, extra ...kgo.Opt) []*kgo.Record {
 	t.Helper()
+	// read_committed, as exactly-once consumers must read; without transactions it makes no difference.
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200 * time.Millisecond)}, extra...)...)
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200 * time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted())}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
