@@ -30,9 +30,11 @@ run: build up
 	echo; \
 	exec ./$(BIN) run
 
-# The whole suite: unit tests, then integration tests against the real services (started if needed).
+# The whole suite: unit tests, then integration tests against the real services (started if needed);
+# then the integration suites again with the router in exactly-once mode.
 test: up vet
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
+	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
 
 test-unit: ## unit tests only (no services)
 	$(GO) test -race -short -count=1 ./...
