@@ -85,6 +85,11 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"log level", func(c *Config) { c.Log.Level = "loud" }, "log.level"},
 		{"replication factor 0", func(c *Config) { c.Kafka.TopicReplicationFactor = 0 }, "kafka.topic_replication_factor"},
 		{"nothing routes", func(c *Config) { c.Routing.Topic = "" }, "routing.topic"},
+		{"unknown delivery", func(c *Config) { c.Kafka.Delivery = "exactly_once" }, "kafka.delivery"},
+		{"no checkpoint topic", func(c *Config) { c.Kafka.Delivery, c.Kafka.CheckpointTopic = DeliveryExactlyOnce, "" }, "kafka.checkpoint_topic"},
+		{"zero transaction interval", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionInterval = DeliveryExactlyOnce, 0 }, "kafka.transaction_interval"},
+		{"zero transaction records", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionMaxRecords = DeliveryExactlyOnce, 0 }, "kafka.transaction_max_records"},
+		{"short transaction timeout", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionTimeout = DeliveryExactlyOnce, time.Millisecond }, "kafka.transaction_timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
