@@ -94,7 +94,7 @@ func Start(slot LSN, last *Record, acceptGap bool) (skipBelow LSN, err error) {
 	}
 	if slot > last.LSN && !acceptGap {
 		return 0, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+
-			"The slot was dropped and created anew, advanced by hand, or used by another tool. Recover rows still in the outbox with `outbox-cdc resync`, "+
+			"The slot was dropped and created anew (also by a failover to a server that lacked it), advanced by hand, or used by another tool. Recover rows still in the outbox with `outbox-cdc resync`, "+
 			"or start with --accept-gap to stream from the slot's position and accept the gap",
 			ErrGap, slot, last.LSN, last.Written.UTC().Format(time.RFC3339), bytesString(uint64(slot-last.LSN)))
 	}
