@@ -63,6 +63,10 @@ type Postgres struct {
 	// ReceiveTimeout is the longest silence on the replication connection before it is presumed
 	// dead and replaced (a half-open socket accepts writes for minutes without a word back).
 	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
+	// FailoverSlot is auto, on or off: whether the slot is a failover slot (PostgreSQL 17+), synchronized
+	// to standbys that have sync_replication_slots on, so that it survives a promotion. auto: on where
+	// the server supports it; on: refuse older servers.
+	FailoverSlot string `yaml:"failover_slot"`
 }
 
 // Columns maps the outbox's roles to column names, like Debezium's table.field.event.* options.
@@ -206,6 +210,7 @@ func Default() Config {
 			StatusInterval:      10 * time.Second,
 			StandbyPollInterval: 2 * time.Second,
 			ReceiveTimeout:      30 * time.Second,
+			FailoverSlot:        "auto",
 			Columns: Columns{
 				EventID:          "event_id",
 				EventType:        "event_type",
@@ -356,6 +361,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.AckTimeout != 0 && c.Kafka.AckTimeout < time.Second {
 		bad("kafka.ack_timeout", "must be 0 (never release) or at least 1s, got %s", c.Kafka.AckTimeout)
+	}
+	switch c.Postgres.FailoverSlot {
+	case "auto", "on", "off":
+	default:
+		bad("postgres.failover_slot", "must be auto, on or off, got %q", c.Postgres.FailoverSlot)
 	}
 	switch c.Kafka.Delivery {
 	case DeliveryAtLeastOnce:

@@ -80,6 +80,7 @@ var settings = []setting{
 	{"postgres.create_publication", "OUTBOX_CDC_CREATE_PUBLICATION", "", "", boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
 	{"postgres.status_interval", "OUTBOX_CDC_STATUS_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
 	{"postgres.receive_timeout", "OUTBOX_CDC_RECEIVE_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Postgres.ReceiveTimeout })},
+	{"postgres.failover_slot", "OUTBOX_CDC_FAILOVER_SLOT", "", "", str(func(c *Config) *string { return &c.Postgres.FailoverSlot })},
 	{"postgres.standby_poll_interval", "OUTBOX_CDC_STANDBY_POLL_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Postgres.StandbyPollInterval })},
 	{"postgres.columns.event_id", "OUTBOX_CDC_COLUMN_EVENT_ID", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.EventID })},
 	{"postgres.columns.event_type", "OUTBOX_CDC_COLUMN_EVENT_TYPE", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.EventType })},

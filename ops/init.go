@@ -110,7 +110,11 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 	}
 	if !f.SlotExists {
 		steps = append(steps, step{fmt.Sprintf("%s  -- with $1 = %q", replication.CreateSlotSQL, cfg.Postgres.Slot), func() error {
-			_, err := cat.CreateSlot(ctx, cfg.Postgres.Slot)
+			failover, err := cat.WantFailover(ctx, cfg.Postgres.FailoverSlot)
+			if err != nil {
+				return err
+			}
+			_, err = cat.CreateSlot(ctx, cfg.Postgres.Slot, failover)
 			return err
 		}})
 	}

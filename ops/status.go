@@ -239,8 +239,8 @@ func (st Status) Print(w io.Writer) {
 		if s.Active {
 			active = fmt.Sprintf("yes (pid %d)", s.ActivePID)
 		}
-		fmt.Fprintf(tw, "  active\t%s\n  wal_status\t%s\n  confirmed_flush_lsn\t%s\n  restart_lsn\t%s\n  WAL held\t%s\n  lag\t%s\n",
-			active, s.WALStatus, s.ConfirmedFlush, s.RestartLSN, bytesHuman(s.WALHeldBytes), bytesHuman(s.LagBytes))
+		fmt.Fprintf(tw, "  active\t%s\n  wal_status\t%s\n  confirmed_flush_lsn\t%s\n  restart_lsn\t%s\n  WAL held\t%s\n  lag\t%s\n  failover\t%t\n",
+			active, s.WALStatus, s.ConfirmedFlush, s.RestartLSN, bytesHuman(s.WALHeldBytes), bytesHuman(s.LagBytes), s.Failover)
 	})
 	p := st.Publication
 	section("publication", p.Name, p.Exists, func() {

@@ -401,3 +401,66 @@ func adminExec(t *testing.T, db *pgx.Conn, sql string) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// TestFailoverSlot: on PostgreSQL 17 and later the slot the router creates is a failover slot, and an
+// existing slot that is not one is made one before streaming (postgres.failover_slot auto); before
+// 17, failover_slot=on stops the router naming the version, and auto streams from an ordinary slot.
+func TestFailoverSlot(t *testing.T) {
+	f := testenv.NewFixture(t)
+	ctx := context.Background()
+	var version int
+	if err := f.DB.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	failover := func() bool {
+		var on bool
+		if err := f.DB.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", f.Slot).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if version < 170000 {
+		cfg := testConfig(f)
+		cfg.Postgres.FailoverSlot = "on"
+		p, err := New(cfg, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := p.Run(rctx); !errors.Is(err, replication.ErrNotSetUp) || !strings.Contains(err.Error(), "17") {
+			t.Fatalf("failover_slot=on on PostgreSQL %d: run returned %v, want a set-up error naming 17", version/10000, err)
+		}
+		run := startPipeline(t, testConfig(f))
+		if err := run.stop(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("PostgreSQL %d: no failover slots; auto streams from an ordinary slot", version/10000)
+		return
+	}
+	// An existing ordinary slot is made a failover slot.
+	if _, err := f.DB.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.Slot); err != nil {
+		t.Fatal(err)
+	}
+	if failover() {
+		t.Fatal("a slot created without failover is a failover slot: the test proves nothing")
+	}
+	run := startPipeline(t, testConfig(f))
+	if !failover() {
+		t.Fatal("the router streams from a slot that is not a failover slot (postgres.failover_slot auto on PostgreSQL 17+)")
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// A slot the router creates is one from the start.
+	if _, err := f.DB.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.Slot); err != nil {
+		t.Fatal(err)
+	}
+	run = startPipeline(t, testConfig(f))
+	if !failover() {
+		t.Fatal("the slot the router created is not a failover slot")
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

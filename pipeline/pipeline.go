@@ -282,6 +282,13 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	if err != nil {
 		return err
 	}
+	if res.WantFailover && !res.Slot.Failover {
+		if err := replication.AlterSlotFailover(ctx, conn, cfg.Postgres.Slot); err != nil {
+			p.log.Warn("could not make the slot a failover slot; it will not survive a promotion of a standby (postgres.failover_slot)", "slot", cfg.Postgres.Slot, "error", err.Error())
+		} else {
+			p.log.Info("made the slot a failover slot: standbys with sync_replication_slots keep a copy", "slot", cfg.Postgres.Slot)
+		}
+	}
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Columns: columnRoles(cfg, p.rules), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
@@ -420,7 +427,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog,
 	}
 	opts := replication.SetupOptions{
 		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
-		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot,
+		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
 	}
 	res, err := cat.Setup(ctx, opts)
 	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {

@@ -137,7 +137,15 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	defer func() { _ = snap.Close(context.Background()) }()
-	// The snapshot lives on in snap's transaction; the exporting connection is no longer needed.
+	// The snapshot lives on in snap's transaction: the exporting connection may run another command,
+	// and is then no longer needed.
+	if failover, err := cat.WantFailover(ctx, cfg.Postgres.FailoverSlot); err != nil {
+		return err
+	} else if failover {
+		if err := replication.AlterSlotFailover(ctx, repl, cfg.Postgres.Slot); err != nil {
+			p.log.Warn("could not make the slot a failover slot; it will not survive a promotion of a standby (postgres.failover_slot)", "slot", cfg.Postgres.Slot, "error", err.Error())
+		}
+	}
 	_ = repl.Close(ctx)
 
 	if err := p.publishSnapshot(ctx, snap, o, cp, res); err != nil {

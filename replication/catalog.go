@@ -90,6 +90,9 @@ type SetupOptions struct {
 	CreatePublication, CreateSlot bool
 	// SkipSlot leaves the slot alone (resync manages it).
 	SkipSlot bool
+	// FailoverSlot is postgres.failover_slot (auto, on, off): a slot Setup creates is a failover slot
+	// when it resolves to true (Catalog.WantFailover).
+	FailoverSlot string
 }
 
 // SetupResult says what Setup found and did.
@@ -101,6 +104,9 @@ type SetupResult struct {
 	Slot SlotState
 	// Verified is the outbox's first verification: confirms may go up to its LSN.
 	Verified Verification
+	// WantFailover is postgres.failover_slot resolved for this server: an existing slot that is not
+	// a failover slot should be altered to one (AlterSlotFailover) before streaming.
+	WantFailover bool
 	// Warnings are things the operator should know that do not stop the router (a missing optional
 	// column, a publication row filter).
 	Warnings []string
@@ -155,11 +161,14 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	if err != nil {
 		return res, err
 	}
+	if res.WantFailover, err = c.WantFailover(ctx, o.FailoverSlot); err != nil {
+		return res, err
+	}
 	if !slot.Exists {
 		if !o.CreateSlot {
 			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
 		}
-		if res.CreatedSlot, err = c.CreateSlot(ctx, o.Slot); err != nil {
+		if res.CreatedSlot, err = c.CreateSlot(ctx, o.Slot, res.WantFailover); err != nil {
 			return res, err
 		}
 		if slot, err = c.Slot(ctx, o.Slot); err != nil {
@@ -360,6 +369,8 @@ type SlotState struct {
 	// InvalidationReason says why the slot was invalidated (PostgreSQL 17 and later: wal_removed,
 	// rows_removed, wal_level_insufficient, and on 18 idle_timeout); empty while it is usable.
 	InvalidationReason string `json:"invalidation_reason,omitempty"`
+	// Failover is true for a failover slot, synchronized to standbys (PostgreSQL 17 and later).
+	Failover bool `json:"failover"`
 	// ResyncMarker is true while the marker of an unfinished resync of the slot exists, and
 	// ResyncRunning while a resync process holds the slot's resync lock.
 	ResyncMarker  bool `json:"resync_marker"`
@@ -375,10 +386,10 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 	if err != nil {
 		return s, err
 	}
-	inactive, invalidation := "-1::float8", "NULL::text"
+	inactive, invalidation, failover := "-1::float8", "NULL::text", "false"
 	if version >= 170000 {
 		inactive = "coalesce(extract(epoch FROM now() - s.inactive_since), -1)::float8"
-		invalidation = "s.invalidation_reason"
+		invalidation, failover = "s.invalidation_reason", "s.failover"
 	}
 	var db, plugin *string
 	var pid *int
@@ -386,10 +397,10 @@ func (c *Catalog) Slot(ctx context.Context, slot string) (SlotState, error) {
 	err = c.conn.QueryRow(ctx, `SELECT current_database(), s.slot_type, s.database, s.plugin, s.active, s.active_pid, s.wal_status,
 		s.confirmed_flush_lsn::text, s.restart_lsn::text,
 		coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0), `+inactive+`,
-		`+invalidation+`, EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
+		`+invalidation+`, `+failover+`, EXISTS (SELECT FROM pg_replication_slots m WHERE m.slot_name = $2)
 		FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, ResyncMarker(slot)).
 		Scan(&s.currentDatabase, &s.Type, &db, &plugin, &s.Active, &pid, &walStatus, &confirmed, &restart,
-			&s.LagBytes, &s.WALHeldBytes, &s.InactiveSeconds, &reason, &s.ResyncMarker)
+			&s.LagBytes, &s.WALHeldBytes, &s.InactiveSeconds, &reason, &s.Failover, &s.ResyncMarker)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, ResyncMarker(slot)).Scan(&s.ResyncMarker); err != nil {
 			return s, fmt.Errorf("look up resync marker of slot %q: %w", slot, err)
@@ -424,6 +435,26 @@ func parseLSN(text *string) (LSN, error) {
 		return 0, fmt.Errorf("parse LSN %q: %w", *text, err)
 	}
 	return LSN(lsn), nil
+}
+
+// WantFailover resolves postgres.failover_slot for this server: auto is on from PostgreSQL 17; on
+// fails (wrapping ErrNotSetUp) before 17, which has no failover slots.
+func (c *Catalog) WantFailover(ctx context.Context, setting string) (bool, error) {
+	version, err := c.serverVersion(ctx)
+	if err != nil {
+		return false, err
+	}
+	switch setting {
+	case "on":
+		if version < 170000 {
+			return false, fmt.Errorf("%w: postgres.failover_slot is on, but PostgreSQL %d has no failover slots (17 and later do): set it to auto or off", ErrNotSetUp, version/10000)
+		}
+		return true, nil
+	case "off":
+		return false, nil
+	default:
+		return version >= 170000, nil
+	}
 }
 
 // serverVersion returns server_version_num, read once per connection.

@@ -145,10 +145,18 @@ func (c *Catalog) CreatePublication(ctx context.Context, o Outbox) error {
 // CreateSlotSQL is the statement CreateSlot runs, with the slot's name as its parameter.
 const CreateSlotSQL = `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`
 
-// CreateSlot creates a pgoutput slot named slot; it reports false when another process created it
-// meanwhile. A missing privilege wraps ErrNotSetUp.
-func (c *Catalog) CreateSlot(ctx context.Context, slot string) (created bool, err error) {
-	_, err = c.conn.Exec(ctx, CreateSlotSQL, slot)
+// CreateFailoverSlotSQL is CreateSlotSQL for a failover slot (PostgreSQL 17+: temporary false,
+// two-phase false, failover true).
+const CreateFailoverSlotSQL = `SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`
+
+// CreateSlot creates a pgoutput slot named slot, a failover slot if failover is set; it reports false
+// when another process created it meanwhile. A missing privilege wraps ErrNotSetUp.
+func (c *Catalog) CreateSlot(ctx context.Context, slot string, failover bool) (created bool, err error) {
+	sql := CreateSlotSQL
+	if failover {
+		sql = CreateFailoverSlotSQL
+	}
+	_, err = c.conn.Exec(ctx, sql, slot)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:

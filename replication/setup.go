@@ -41,6 +41,16 @@ func SplitTable(qualified string) (schema, table string) {
 // Retrying does not help.
 var ErrNotSetUp = errors.New("database not set up for outbox-cdc")
 
+// AlterSlotFailover makes slot a failover slot (PostgreSQL 17+) with ALTER_REPLICATION_SLOT on the
+// replication connection conn; the slot must not be in use. Run it before START_REPLICATION, or after
+// an exported snapshot has been imported elsewhere (a new command ends the export).
+func AlterSlotFailover(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	if _, err := conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+pgx.Identifier{slot}.Sanitize()+" (FAILOVER true)").ReadAll(); err != nil {
+		return fmt.Errorf("make replication slot %q a failover slot: %w", slot, err)
+	}
+	return nil
+}
+
 // CreateSlotWithSnapshot creates the slot on the replication connection conn and exports a snapshot
 // of the database exactly at the slot's consistent point. The snapshot can be imported (SET
 // TRANSACTION SNAPSHOT) by another connection until conn runs its next command or closes.
