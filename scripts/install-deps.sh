@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build, `make run` and `make test` need on a Debian machine, when missing:
 # Go (expected preinstalled), PostgreSQL 15 server binaries and psql, Java 17 and Maven (for the Kafka
-# broker's jars). Safe to run again; does nothing when everything is present.
+# broker's jars), npm and node (for the PostgreSQL 14/16/17/18 server builds of `make test-versions`).
+# Safe to run again; does nothing when everything is present.
 set -euo pipefail
 need=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
@@ -9,6 +10,8 @@ command -v psql >/dev/null || need+=(postgresql-client-15)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v openssl >/dev/null || need+=(openssl)
+command -v npm >/dev/null || need+=(npm)
+command -v node >/dev/null || need+=(nodejs)
 if [ ${#need[@]} -gt 0 ]; then
   echo "install-deps: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

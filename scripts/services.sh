@@ -125,8 +125,9 @@ pg_select() {
 
 pg_up() {
   # One version at a time on the port: stop another one that runs.
-  if [ -f "$DEV/pg-version" ] && [ "$(cat "$DEV/pg-version")" != "$PG_VERSION" ]; then
-    (PG="$(cat "$DEV/pg-version")" bash "$ROOT/scripts/services.sh" pg-stop)
+  local current; current="$(cat "$DEV/pg-version" 2>/dev/null || echo 15)"
+  if [ "$current" != "$PG_VERSION" ]; then
+    (PG="$current" bash "$ROOT/scripts/services.sh" pg-stop)
   fi
   pg_select
   [ -x "$PG_BIN/postgres" ] || die "PostgreSQL 15 server binaries not found in $PG_BIN (apt-get install -y postgresql-15)"
