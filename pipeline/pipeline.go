@@ -265,8 +265,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// the read, and the walsender is not kept waiting meanwhile.
 		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush)
 		if err != nil {
-			_ = cat.Close(context.Background())
-			return err
+			return err // the catalog connection is the verifier's, closed with it
 		}
 		eos = &txnHandler{skipBelow: skipBelow, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval,
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
