@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ type config struct {
 	rate, steadyRows        int
 	steadyFor               time.Duration
 	compare                 bool
+	altLinger               time.Duration // > 0: also outbox-cdc (at-least-once) with this kafka.linger
 }
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs; medians are reported")
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect (make bench-compare)")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
+	flag.DurationVar(&c.altLinger, "with-linger", 0, "also run outbox-cdc with this kafka.linger, side by side (e.g. 10ms)")
 	flag.Parse()
 	env := devEnv()
 	c.pgURL, c.brokers = env["OUTBOX_CDC_POSTGRES"], env["OUTBOX_CDC_BROKERS"]
@@ -149,9 +152,13 @@ func run(c config, runs int) error {
 		)
 	}
 	// Ratios of medians, each pair measured side by side in the same runs.
+	at := func(name string) int { return slices.Index(systems, name) }
 	ratios := [][2]int{{1, 0}} // exactly-once / at-least-once
+	if c.altLinger > 0 {
+		ratios = append(ratios, [2]int{0, at(c.lingerSystem())})
+	}
 	if c.compare {
-		ratios = append(ratios, [2]int{0, 2}) // outbox-cdc / debezium
+		ratios = append(ratios, [2]int{0, at("debezium")})
 	}
 	fmt.Printf("\nmedians of %d runs\n\n| figure | %s |", runs, strings.Join(systems, " | "))
 	for _, r := range ratios {
@@ -194,11 +201,17 @@ const systemEOS = "outbox-cdc exactly-once"
 // in exactly-once mode, and Debezium with -compare.
 func (c config) systems() []string {
 	s := []string{"outbox-cdc", systemEOS}
+	if c.altLinger > 0 {
+		s = append(s, c.lingerSystem())
+	}
 	if c.compare {
 		s = append(s, "debezium")
 	}
 	return s
 }
+
+// lingerSystem names outbox-cdc run with -with-linger.
+func (c config) lingerSystem() string { return "outbox-cdc linger=" + c.altLinger.String() }
 
 func rate(n int, d time.Duration) float64 {
 	if d <= 0 {

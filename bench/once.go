@@ -77,7 +77,7 @@ func once(c config, n int) (res result, err error) {
 	}()
 	for _, sys := range systems {
 		t := &target{system: sys}
-		suffix := strings.NewReplacer("-", "", " ", "_").Replace(sys)
+		suffix := strings.NewReplacer("-", "", " ", "_", "=", "", ".", "").Replace(sys)
 		t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
 		t.topic = "bench." + strings.ReplaceAll(b.id, "_", "-") + "." + suffix
 		targets = append(targets, t)
@@ -227,6 +227,9 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 		"OUTBOX_CDC_STATUS_INTERVAL=1s")
 	if t.exactlyOnce() {
 		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
+	}
+	if t.system == b.c.lingerSystem() {
+		cmd.Env = append(cmd.Env, "OUTBOX_CDC_LINGER="+b.c.altLinger.String())
 	}
 	cmd.Stderr = os.Stderr
 	return cmd, cmd.Start()

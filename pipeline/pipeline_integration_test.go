@@ -93,8 +93,10 @@ func testGracefulStopConfirmsAcknowledged(t *testing.T, mode deliveryMode) {
 	cfg.Kafka.Linger = 5 * time.Second
 	eos := cfg.Kafka.ExactlyOnce()
 	if eos {
+		// Long enough that the transaction is still open when the check below runs, even when a new
+		// topic takes seconds to take its first records on a loaded machine; the stop commits it.
 		cfg.Kafka.Linger = 10 * time.Millisecond
-		cfg.Kafka.TransactionInterval = 5 * time.Second
+		cfg.Kafka.TransactionInterval = 30 * time.Second
 	}
 	run := startPipeline(t, cfg)
 	gen := testenv.NewGenerator(2, "Ping")
