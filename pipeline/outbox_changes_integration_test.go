@@ -464,3 +464,53 @@ func TestFailoverSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestVanishedSlotIsNotRecreated drops the slot under a running router (as a failover to a server
+// without it looks): the router must stop with an error pointing at resync, and must not create a new
+// slot, which would silently skip what was committed in between.
+func TestVanishedSlotIsNotRecreated(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	done := make(chan error, 1)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { done <- p.Run(runCtx) }()
+	testenv.WaitFor(t, 30*time.Second, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+	gen := testenv.NewGenerator(2, "Vanish")
+	first := []testenv.Event{gen.Event(0)}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, first, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Vanish"), 1, time.Minute)
+	admin, err := pgx.Connect(ctx, f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	testenv.WaitFor(t, 30*time.Second, "the slot dropped under the router", func() bool {
+		_, _ = admin.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", f.Slot)
+		_, err := admin.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.Slot)
+		return err == nil
+	})
+	select {
+	case err := <-done:
+		if !errors.Is(err, replication.ErrSlotLost) || !strings.Contains(err.Error(), "resync") {
+			t.Fatalf("run returned %v, want the vanished slot refused, pointing at resync", err)
+		}
+		t.Logf("refused: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the router kept running after its slot vanished")
+	}
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", f.Slot).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Fatal("the router created a new slot after its slot vanished")
+	}
+}

@@ -168,6 +168,8 @@ type carried struct {
 	progressed bool
 	// poke asks the slot monitor for a fresh observation.
 	poke chan struct{}
+	// slotSeen is true once a session streamed from the slot: a slot missing later is not re-created.
+	slotSeen bool
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -312,6 +314,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 
 	p.state.Store(int32(StateStreaming))
 	c.streamed = time.Now()
+	c.slotSeen = true
 	select {
 	case c.poke <- struct{}{}: // a fresh look at the slot, now held by this session
 	default:
@@ -427,6 +430,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog,
 	opts := replication.SetupOptions{
 		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
 		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
+		SlotSeen: c.slotSeen,
 	}
 	res, err := cat.Setup(ctx, opts)
 	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {

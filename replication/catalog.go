@@ -93,6 +93,10 @@ type SetupOptions struct {
 	// FailoverSlot is postgres.failover_slot (auto, on, off): a slot Setup creates is a failover slot
 	// when it resolves to true (Catalog.WantFailover).
 	FailoverSlot string
+	// SlotSeen is true when this process already streamed from the slot: if it is missing now, it was
+	// dropped or the server failed over to one without it, and Setup refuses (ErrSlotLost) rather than
+	// create a new slot that would silently skip what was committed in between.
+	SlotSeen bool
 }
 
 // SetupResult says what Setup found and did.
@@ -165,6 +169,11 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		return res, err
 	}
 	if !slot.Exists {
+		if o.SlotSeen {
+			return res, fmt.Errorf("%w: replication slot %q, which this process was streaming from, has disappeared: it was dropped, or the server failed over to one without it. "+
+				"A new slot would start from now and silently skip what was committed in between, so none is created: recover rows still in the outbox with `outbox-cdc resync`",
+				ErrSlotLost, o.Slot)
+		}
 		if !o.CreateSlot {
 			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
 		}
