@@ -10,11 +10,27 @@ import (
 	"strings"
 )
 
+// Debezium's two configurations.
+const (
+	systemDebezium      = "debezium"
+	systemDebeziumTuned = "debezium tuned"
+)
+
+// heartbeatTopic is where the tuned Debezium's heartbeats go (topic.heartbeat.prefix + "." +
+// topic.prefix). The broker does not create topics on use, and Connect blocks on an unknown one.
+const heartbeatTopic = "__debezium-heartbeat.dbzbench"
+
 // startDebezium starts Kafka Connect 4.1 standalone with Debezium 3.6.1's PostgreSQL connector and
 // the outbox EventRouter SMT on the target's slot and publication: routing by event_type, key =
 // aggregate_id, value = payload, event_type/aggregate_type/created_at as headers, offsets flushed
 // every second. Its jars come from `scripts/services.sh debezium-libs`.
-func (b *bench) startDebezium(t *target) (*exec.Cmd, error) {
+//
+// tuned adds what a user tuning for latency and throughput would set: the connector polls its queue
+// every 5 ms (default 500) in batches of up to 8,192 (default 2,048) from a queue of 65,536 (default
+// 8,192); heartbeats every second so that the slot is confirmed while the outbox is idle; the
+// producer lingers 5 ms (Connect's default 0) in batches of up to 512 KB (default 16 KB), without
+// compression; a 2 GB heap (default here 1 GB).
+func (b *bench) startDebezium(t *target, tuned bool) (*exec.Cmd, error) {
 	libs, err := filepath.Abs(filepath.Join(".dev", "debezium-libs"))
 	if err != nil {
 		return nil, err
@@ -39,8 +55,15 @@ func (b *bench) startDebezium(t *target) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
+	var workerTuning, connectorTuning []string
+	heap := "-Xmx1g"
+	if tuned {
+		heap = "-Xmx2g"
+		workerTuning = []string{"producer.linger.ms=5", "producer.batch.size=524288", "producer.compression.type=none"}
+		connectorTuning = []string{"poll.interval.ms=5", "max.batch.size=8192", "max.queue.size=65536", "heartbeat.interval.ms=1000"}
+	}
 	files := map[string]string{
-		"worker.properties": lines(
+		"worker.properties": lines(append([]string{
 			"bootstrap.servers="+b.c.brokers,
 			"key.converter=org.apache.kafka.connect.storage.StringConverter",
 			"value.converter=org.apache.kafka.connect.storage.StringConverter",
@@ -48,8 +71,8 @@ func (b *bench) startDebezium(t *target) (*exec.Cmd, error) {
 			"offset.flush.interval.ms=1000",
 			fmt.Sprintf("listeners=http://127.0.0.1:%d", restPort),
 			"plugin.discovery=only_scan",
-		),
-		"connector.properties": lines(
+		}, workerTuning...)...),
+		"connector.properties": lines(append([]string{
 			"name=outbox-bench",
 			"connector.class=io.debezium.connector.postgresql.PostgresConnector",
 			"plugin.name=pgoutput",
@@ -73,7 +96,7 @@ func (b *bench) startDebezium(t *target) (*exec.Cmd, error) {
 			"transforms.outbox.route.by.field=event_type",
 			"transforms.outbox.route.topic.replacement="+t.topic,
 			"transforms.outbox.table.fields.additional.placement=event_type:header,aggregate_type:header,created_at:header",
-		),
+		}, connectorTuning...)...),
 		"log4j2.properties": lines(
 			"status = warn",
 			"appender.file.type = File",
@@ -90,7 +113,7 @@ func (b *bench) startDebezium(t *target) (*exec.Cmd, error) {
 			return nil, err
 		}
 	}
-	cmd := exec.Command("java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
+	cmd := exec.Command("java", "-Xms256m", heap, "-XX:+UseG1GC",
 		"-Dlog4j2.configurationFile="+filepath.Join(dir, "log4j2.properties"),
 		"-cp", filepath.Join(libs, "*"), "org.apache.kafka.connect.cli.ConnectStandalone",
 		filepath.Join(dir, "worker.properties"), filepath.Join(dir, "connector.properties"))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -32,8 +32,17 @@ type measured struct {
 	firstRecord, drain, confirmed time.Duration // confirmed < 0: not reached within 15 s of the drain
 	peakRSSKB                     int64
 	cpu                           time.Duration
-	p50, p99, p999                time.Duration
-	trailMed, trailMax            int64
+	curve                         []*latency // one point per steady rate, in order; stops after a point it fell behind at
+}
+
+// at returns the curve's point at rate, or nil.
+func (m *measured) at(rate int) *latency {
+	for _, l := range m.curve {
+		if l.rate == rate {
+			return l
+		}
+	}
+	return nil
 }
 
 // bench is one run's shared state.
@@ -47,6 +56,8 @@ type bench struct {
 	ceilingTopic string
 	records      [][]any // the backlog rows, the same for every system and the Kafka ceiling
 	workDir      string
+	floorTarget  *target // table and publication of the floor's reader (its slot is temporary)
+	targets      int     // targets named so far
 }
 
 func once(c config, n int) (res result, err error) {
@@ -76,13 +87,17 @@ func once(c config, n int) (res result, err error) {
 		b.dropCeiling()
 	}()
 	for _, sys := range systems {
-		t := &target{system: sys}
-		suffix := strings.NewReplacer("-", "", " ", "_", "=", "", ".", "").Replace(sys)
-		t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
-		t.topic = "bench." + strings.ReplaceAll(b.id, "_", "-") + "." + suffix
+		t := b.newTarget(sys)
 		targets = append(targets, t)
 		if err := b.setup(ctx, t); err != nil {
 			return res, fmt.Errorf("set up %s: %w", sys, err)
+		}
+	}
+	if len(c.rates) > 0 {
+		b.floorTarget = b.newTarget("floor")
+		targets = append(targets, b.floorTarget)
+		if err := b.setup(ctx, b.floorTarget); err != nil {
+			return res, fmt.Errorf("set up the floor: %w", err)
 		}
 	}
 	if _, err := b.db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", b.ceilingSlot); err != nil {
@@ -91,9 +106,16 @@ func once(c config, n int) (res result, err error) {
 	if _, err := b.admin.CreateTopic(ctx, 3, -1, nil, b.ceilingTopic); err != nil {
 		return res, err
 	}
-	b.makeBacklog(&res)
-	for _, t := range targets {
-		if err := b.writeBacklog(ctx, t); err != nil {
+	if c.compare {
+		// The tuned Debezium's heartbeats; kept between runs.
+		if r, err := b.admin.CreateTopic(ctx, 1, -1, nil, heartbeatTopic); err != nil || (r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists)) {
+			return res, fmt.Errorf("create %s: %w", heartbeatTopic, errors.Join(err, r.Err))
+		}
+	}
+	b.records = makeRecords(c.events, c.payload)
+	res.bytes = recordBytes(b.records)
+	for _, t := range targets[:len(systems)] {
+		if err := b.writeBacklog(ctx, t, b.records, c.txRows); err != nil {
 			return res, err
 		}
 	}
@@ -101,7 +123,7 @@ func once(c config, n int) (res result, err error) {
 		return res, fmt.Errorf("decode ceiling: %w", err)
 	}
 	res.systems = map[string]*measured{}
-	for _, t := range targets {
+	for _, t := range targets[:len(systems)] {
 		m, err := b.measure(ctx, t)
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", t.system, err)
@@ -111,7 +133,30 @@ func once(c config, n int) (res result, err error) {
 	if res.kafkaCeiling, err = b.kafkaCeiling(ctx); err != nil {
 		return res, fmt.Errorf("kafka ceiling: %w", err)
 	}
+	for _, r := range c.rates {
+		var f floor
+		if f.decode, err = b.decodeFloor(ctx, b.floorTarget, r); err != nil {
+			return res, fmt.Errorf("decode floor at %d events/s: %w", r, err)
+		}
+		if f.kafka, err = b.kafkaFloor(ctx, b.ceilingTopic, r); err != nil {
+			return res, fmt.Errorf("kafka floor at %d events/s: %w", r, err)
+		}
+		res.floors = append(res.floors, f)
+	}
+	if res.sweeps, err = b.sweeps(ctx); err != nil {
+		return res, fmt.Errorf("sweeps: %w", err)
+	}
 	return res, nil
+}
+
+// newTarget names a system's table, publication, slot and topic in this run.
+func (b *bench) newTarget(sys string) *target {
+	t := &target{system: sys}
+	b.targets++
+	suffix := fmt.Sprintf("s%d", b.targets) // system names may hold characters no identifier takes
+	t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
+	t.topic = "bench." + strings.ReplaceAll(b.id, "_", "-") + "." + suffix
+	return t
 }
 
 // measure starts the system, times the drain of its backlog, runs the steady load through it, and
@@ -119,9 +164,10 @@ func once(c config, n int) (res result, err error) {
 func (b *bench) measure(ctx context.Context, t *target) (*measured, error) {
 	var cmd *exec.Cmd
 	var err error
-	if t.system == "debezium" {
-		cmd, err = b.startDebezium(t)
-	} else {
+	switch t.system {
+	case systemDebezium, systemDebeziumTuned:
+		cmd, err = b.startDebezium(t, t.system == systemDebeziumTuned)
+	default:
 		cmd, err = b.startRouter(t)
 	}
 	if err != nil {
@@ -129,12 +175,17 @@ func (b *bench) measure(ctx context.Context, t *target) (*measured, error) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	m := &measured{}
-	if err := b.drain(ctx, cmd.Process.Pid, t, m); err != nil {
+	if err := b.drain(ctx, cmd.Process.Pid, t, b.c.events, m); err != nil {
 		return nil, err
 	}
-	if b.c.rate > 0 {
-		if err := b.steady(ctx, cmd.Process.Pid, t, m); err != nil {
-			return nil, fmt.Errorf("steady load: %w", err)
+	for _, r := range b.c.rates {
+		l, err := b.steady(ctx, cmd.Process.Pid, t, r, m)
+		if err != nil {
+			return nil, fmt.Errorf("steady load at %d events/s: %w", r, err)
+		}
+		m.curve = append(m.curve, l)
+		if l.behind {
+			break // higher rates would only queue more
 		}
 	}
 	m.peakRSSKB = max(m.peakRSSKB, peakRSS(cmd.Process.Pid))
@@ -150,6 +201,9 @@ func (b *bench) setup(ctx context.Context, t *target) error {
 		fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`, t.pub, t.table),
 		fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, t.slot),
 	} {
+		if t.system == "floor" && strings.Contains(stmt, "pg_create_logical_replication_slot") {
+			continue // the floor reader's slot is temporary
+		}
 		if _, err := b.db.Exec(ctx, stmt); err != nil {
 			return err
 		}
@@ -176,22 +230,32 @@ func (b *bench) dropCeiling() {
 
 var columns = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "aggregate_version", "payload", "headers"}
 
-// makeBacklog builds the backlog's rows once; every system gets the same ones.
-func (b *bench) makeBacklog(res *result) {
-	filler := strings.Repeat("x", max(b.c.payload-120, 1))
-	for row := 0; row < b.c.events; row++ {
+// makeRecords builds n backlog rows with about payload bytes of JSON each.
+func makeRecords(n, payload int) [][]any {
+	filler := strings.Repeat("x", max(payload-120, 1))
+	records := make([][]any, 0, n)
+	for row := 0; row < n; row++ {
 		agg := fmt.Sprintf("order-%d", row%1000)
-		b.records = append(b.records, []any{uuid(), "OrderPlaced", "order", agg, int64(row/1000 + 1),
+		records = append(records, []any{uuid(), "OrderPlaced", "order", agg, int64(row/1000 + 1),
 			fmt.Sprintf(`{"order_id": %q, "seq": %d, "note": %q}`, agg, row, filler), nil})
-		res.bytes += int64(len(agg) + b.c.payload)
 	}
+	return records
 }
 
-// writeBacklog copies the backlog into the target's table while no system runs.
-func (b *bench) writeBacklog(ctx context.Context, t *target) error {
+// recordBytes is the key and value bytes of the records.
+func recordBytes(records [][]any) int64 {
+	var n int64
+	for _, r := range records {
+		n += int64(len(r[3].(string)) + len(r[5].(string)))
+	}
+	return n
+}
+
+// writeBacklog copies rows into the target's table in transactions of txRows while no system runs.
+func (b *bench) writeBacklog(ctx context.Context, t *target, records [][]any, txRows int) error {
 	schema, name, _ := strings.Cut(t.table, ".")
-	for i := 0; i < len(b.records); i += b.c.txRows {
-		rows := b.records[i:min(i+b.c.txRows, len(b.records))]
+	for i := 0; i < len(records); i += txRows {
+		rows := records[i:min(i+txRows, len(records))]
 		if _, err := b.db.CopyFrom(ctx, pgx.Identifier{schema, name}, columns, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("copy: %w", err)
 		}
@@ -228,15 +292,15 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 	if t.exactlyOnce() {
 		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
 	}
-	if t.system == b.c.lingerSystem() {
-		cmd.Env = append(cmd.Env, "OUTBOX_CDC_LINGER="+b.c.altLinger.String())
+	if t.system == b.c.altSystem() {
+		cmd.Env = append(cmd.Env, strings.Split(b.c.altEnv, ",")...)
 	}
 	cmd.Stderr = os.Stderr
 	return cmd, cmd.Start()
 }
 
 // drain waits until Kafka holds every backlog event of the target and its slot confirmed past them.
-func (b *bench) drain(ctx context.Context, pid int, t *target, m *measured) error {
+func (b *bench) drain(ctx context.Context, pid int, t *target, events int, m *measured) error {
 	start := time.Now()
 	deadline := start.Add(10 * time.Minute)
 	for m.drain == 0 || m.confirmed == 0 {
@@ -252,7 +316,7 @@ func (b *bench) drain(ctx context.Context, pid int, t *target, m *measured) erro
 			}
 			// In exactly-once mode the offsets count transaction markers too, and records are
 			// delivered only once committed: the slot's confirm, which follows the commit, says when.
-			if n >= int64(b.c.events) && !t.exactlyOnce() {
+			if n >= int64(events) && !t.exactlyOnce() {
 				m.drain = time.Since(start)
 			}
 		}
@@ -265,7 +329,7 @@ func (b *bench) drain(ctx context.Context, pid int, t *target, m *measured) erro
 		if m.drain > 0 && m.confirmed == 0 && time.Since(start) > m.drain+15*time.Second {
 			m.confirmed = -time.Second
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
 }
@@ -316,120 +380,6 @@ func (b *bench) kafkaCeiling(ctx context.Context) (time.Duration, error) {
 	}
 	wg.Wait()
 	return time.Since(start), firstErr
-}
-
-// steady writes at the configured rate through the running system and measures commit-to-receipt
-// latency with a consumer, and how far the slot's confirmed position trails the WAL.
-func (b *bench) steady(ctx context.Context, pid int, t *target, m *measured) error {
-	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(b.c.brokers, ",")...), kgo.ConsumeTopics(t.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(10 * time.Millisecond)}
-	if t.exactlyOnce() {
-		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	}
-	cons, err := kgo.NewClient(opts...)
-	if err != nil {
-		return err
-	}
-	defer cons.Close()
-	// Make sure the consumer is positioned before writing.
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	cons.PollFetches(pctx)
-	cancel()
-
-	var latencies []time.Duration
-	var latMu sync.Mutex
-	consumeCtx, stopConsume := context.WithCancel(ctx)
-	defer stopConsume()
-	consumed := make(chan struct{})
-	go func() {
-		defer close(consumed)
-		for consumeCtx.Err() == nil {
-			fetches := cons.PollFetches(consumeCtx)
-			now := time.Now()
-			fetches.EachRecord(func(r *kgo.Record) {
-				for _, h := range r.Headers {
-					if h.Key == "created_at" {
-						if ts, err := time.Parse(time.RFC3339Nano, string(h.Value)); err == nil {
-							latMu.Lock()
-							latencies = append(latencies, now.Sub(ts))
-							latMu.Unlock()
-						}
-					}
-				}
-			})
-		}
-	}()
-
-	writer, err := pgx.Connect(ctx, b.c.pgURL)
-	if err != nil {
-		return err
-	}
-	defer writer.Close(ctx)
-	interval := time.Duration(float64(time.Second) * float64(b.c.steadyRows) / float64(b.c.rate))
-	next := time.Now()
-	end := next.Add(b.c.steadyFor)
-	var trail []int64
-	lastSample := time.Now()
-	sent := 0
-	for time.Now().Before(end) {
-		if d := time.Until(next); d > 0 {
-			time.Sleep(d)
-		}
-		next = next.Add(interval)
-		if err := b.steadyTx(ctx, writer, t, &sent); err != nil {
-			return err
-		}
-		if time.Since(lastSample) > 250*time.Millisecond {
-			var lag int64
-			if err := b.db.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1", t.slot).Scan(&lag); err == nil {
-				trail = append(trail, lag)
-			}
-			m.peakRSSKB = max(m.peakRSSKB, peakRSS(pid))
-			lastSample = time.Now()
-		}
-	}
-	// Wait for the last records.
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		latMu.Lock()
-		got := len(latencies)
-		latMu.Unlock()
-		if got >= sent {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	stopConsume()
-	<-consumed
-	if len(latencies) < sent {
-		return fmt.Errorf("consumer saw %d of %d events", len(latencies), sent)
-	}
-	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
-	q := func(p float64) time.Duration { return latencies[min(int(p*float64(len(latencies))), len(latencies)-1)] }
-	m.p50, m.p99, m.p999 = q(0.50), q(0.99), q(0.999)
-	sort.Slice(trail, func(i, j int) bool { return trail[i] < trail[j] })
-	if len(trail) > 0 {
-		m.trailMed, m.trailMax = trail[len(trail)/2], trail[len(trail)-1]
-	}
-	return nil
-}
-
-// steadyTx writes one transaction of the steady load.
-func (b *bench) steadyTx(ctx context.Context, writer *pgx.Conn, t *target, sent *int) error {
-	tx, err := writer.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	for i := 0; i < b.c.steadyRows; i++ {
-		agg := fmt.Sprintf("order-%d", *sent%1000)
-		if _, err := tx.Exec(ctx, "INSERT INTO "+t.table+" (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload) VALUES ($1, 'OrderPlaced', 'order', $2, $3, $4)",
-			uuid(), agg, int64(*sent), fmt.Sprintf(`{"order_id": %q, "seq": %d}`, agg, *sent)); err != nil {
-			return err
-		}
-		*sent++
-	}
-	return tx.Commit(ctx)
 }
 
 // peakRSS reads VmHWM (the peak resident set) of a process, in kB.

@@ -97,8 +97,15 @@ type Kafka struct {
 	// MaxMessageBytes is the largest record the router sends; larger rows go to the dead-letter topic.
 	// Keep it at or below the topics' max.message.bytes.
 	MaxMessageBytes int32 `yaml:"max_message_bytes"`
-	// Linger is how long the producer waits to fill a batch.
+	// Linger is how long the producer waits to fill a batch while the WAL stream is busy; see
+	// QuietFlush for when it does not wait.
 	Linger time.Duration `yaml:"linger"`
+	// QuietFlush is how long the WAL stream must stay quiet after a transaction before what is
+	// waiting is sent without waiting any longer: the records lingering in the producer
+	// (at-least-once) or the open Kafka transaction, committed (exactly-once). At low load every
+	// transaction goes out at once; under load the stream is never quiet and batches fill for
+	// Linger or TransactionInterval. 0 turns it off.
+	QuietFlush time.Duration `yaml:"quiet_flush"`
 	// AckTimeout is how long Kafka may acknowledge nothing, with records waiting, before the router
 	// lets go of the replication connection (and takes it again once Kafka answers): a session that
 	// cannot confirm would hold PostgreSQL, whose walsender waits at shutdown for its client to
@@ -229,6 +236,7 @@ func Default() Config {
 			TopicReplicationFactor: -1,
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
+			QuietFlush:             time.Millisecond,
 			AckTimeout:             10 * time.Second,
 			Delivery:               DeliveryAtLeastOnce,
 			CheckpointTopic:        "outbox-cdc.checkpoints",
@@ -358,6 +366,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.Linger < 0 {
 		bad("kafka.linger", "must not be negative, got %s", c.Kafka.Linger)
+	}
+	if c.Kafka.QuietFlush < 0 {
+		bad("kafka.quiet_flush", "must not be negative, got %s", c.Kafka.QuietFlush)
 	}
 	if c.Kafka.AckTimeout != 0 && c.Kafka.AckTimeout < time.Second {
 		bad("kafka.ack_timeout", "must be 0 (never release) or at least 1s, got %s", c.Kafka.AckTimeout)

@@ -97,6 +97,7 @@ var settings = []setting{
 	{"kafka.topic_replication_factor", "OUTBOX_CDC_TOPIC_REPLICATION_FACTOR", "", "", integer(func(c *Config) *int16 { return &c.Kafka.TopicReplicationFactor })},
 	{"kafka.max_message_bytes", "OUTBOX_CDC_MAX_MESSAGE_BYTES", "", "", integer(func(c *Config) *int32 { return &c.Kafka.MaxMessageBytes })},
 	{"kafka.linger", "OUTBOX_CDC_LINGER", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
+	{"kafka.quiet_flush", "OUTBOX_CDC_QUIET_FLUSH", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.QuietFlush })},
 	{"kafka.ack_timeout", "OUTBOX_CDC_KAFKA_ACK_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.AckTimeout })},
 	{"kafka.delivery", "OUTBOX_CDC_DELIVERY", "delivery", "at-least-once or exactly-once (Kafka transactions; consumers read read_committed)", str(func(c *Config) *string { return &c.Kafka.Delivery })},
 	{"kafka.checkpoint_topic", "OUTBOX_CDC_CHECKPOINT_TOPIC", "", "", str(func(c *Config) *string { return &c.Kafka.CheckpointTopic })},

@@ -129,7 +129,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 	ctx := context.Background()
 	// A long transaction interval keeps the frozen router's Kafka transaction open, its records
 	// already acknowledged, when it is stopped.
-	env := append(eosEnv(f), "OUTBOX_CDC_TRANSACTION_INTERVAL=3s")
+	env := append(eosEnv(f), "OUTBOX_CDC_TRANSACTION_INTERVAL=3s", "OUTBOX_CDC_QUIET_FLUSH=0")
 	active := startRouter(t, env)
 	active.waitLog(t, "streaming", 60*time.Second)
 	standby := startRouter(t, env)

@@ -304,7 +304,7 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 func TestSIGTERMStopsGracefully(t *testing.T) {
 	f := testenv.NewFixture(t)
 	addr := freeAddr(t)
-	env := append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+addr, "OUTBOX_CDC_LINGER=5s", "OUTBOX_CDC_DELIVERY=at-least-once")
+	env := append(routerEnv(f), "OUTBOX_CDC_METRICS_ADDR="+addr, "OUTBOX_CDC_LINGER=5s", "OUTBOX_CDC_QUIET_FLUSH=0", "OUTBOX_CDC_DELIVERY=at-least-once")
 	r := startRouter(t, env)
 	r.waitLog(t, "streaming", 60*time.Second)
 	gen := testenv.NewGenerator(3, "Refunded")

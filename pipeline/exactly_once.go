@@ -13,8 +13,9 @@ import (
 )
 
 // txnHandler is the exactly-once mode's handler. Rows go into the open Kafka transaction as they
-// arrive; whole PostgreSQL transactions are grouped until kafka.transaction_interval has passed since
-// the first row or kafka.transaction_max_records rows are in, and the Kafka transaction is then
+// arrive; whole PostgreSQL transactions are grouped until the WAL stream has been quiet for
+// kafka.quiet_flush after one, kafka.transaction_interval has passed since the first row, or
+// kafka.transaction_max_records rows are in, and the Kafka transaction is then
 // committed with a checkpoint at the end of the last PostgreSQL transaction it holds. The slot is
 // confirmed only up to the last committed checkpoint (confirmLimit). Transactions the last checkpoint
 // already covers are skipped whole, by their commit position.
@@ -23,6 +24,7 @@ type txnHandler struct {
 	skipBelow  checkpoint.LSN
 	verified   func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
 	interval   time.Duration
+	clock      quietClock // quiet 0: no commit on a quiet stream
 	maxRecords int
 	idleEvery  time.Duration
 	obs        *observed
@@ -63,6 +65,7 @@ func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replica
 	if h.records == 0 {
 		h.firstAt = time.Now()
 	}
+	h.clock.row()
 	h.records++
 	h.open = tx
 	return nil
@@ -70,6 +73,7 @@ func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replica
 
 // Committed implements replication.Batcher.
 func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end checkpoint.LSN) error {
+	h.clock.end()
 	if checkpoint.AlreadyDelivered(tx.CommitLSN(), h.skipBelow) {
 		return nil
 	}
@@ -80,6 +84,13 @@ func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end check
 		return h.Flush(ctx)
 	}
 	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // idlePosition is where an idle checkpoint may stand: the watermark (a keepalive's WAL end once
@@ -94,7 +105,11 @@ func (h *txnHandler) idlePosition() checkpoint.LSN {
 // FlushDue implements replication.Batcher.
 func (h *txnHandler) FlushDue() time.Time {
 	if h.records > 0 {
-		return h.firstAt.Add(h.interval)
+		due := h.firstAt.Add(h.interval)
+		if h.clock.quiet > 0 {
+			due = minTime(due, h.clock.due())
+		}
+		return due
 	}
 	if h.idlePosition() > checkpoint.LSN(h.committed.Load()) {
 		return h.lastCommit.Add(h.idleEvery)
@@ -121,6 +136,7 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	}
 	h.committed.Store(uint64(cp.LSN))
 	h.records, h.txns, h.firstAt, h.lastCommit = 0, 0, time.Time{}, time.Now()
+	h.clock.sent()
 	if h.obs != nil {
 		h.obs.markCheckpoint(cp.LSN)
 	}

@@ -269,7 +269,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		if err != nil {
 			return err // the catalog connection is the verifier's, closed with it
 		}
-		eos = &txnHandler{skipBelow: skipBelow, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval,
+		eos = &txnHandler{skipBelow: skipBelow, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		if last != nil {
@@ -336,9 +336,12 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}()
 	go p.watchKafka(streamCtx, tracker, cancel)
 	base := handler{router: rt, tracker: tracker}
-	if eos != nil {
+	switch {
+	case eos != nil:
 		eos.handler = base
-	} else {
+	case cfg.Kafka.QuietFlush > 0 && cfg.Kafka.Linger > 0:
+		h = &quietHandler{handler: base, clock: quietClock{quiet: cfg.Kafka.QuietFlush}}
+	default:
 		h = &base
 	}
 	runErr := stream.Run(streamCtx, tracker, h)
@@ -661,6 +664,86 @@ func (p *Pipeline) drain(rt *router.Router, tr *checkpoint.Tracker) {
 	for tr.Stats().PendingRecords > 0 && ctx.Err() == nil && rt.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// quietClock tells when what waits for a batch should go out at once because the WAL stream is
+// quiet: at once at the end of a transaction that came after the stream had been quiet for the quiet
+// period (an isolated transaction: nothing suggests another one is close behind), otherwise once the
+// stream has stayed quiet for the quiet period after a transaction. Under load transactions follow
+// each other closely, so neither happens and batches fill.
+type quietClock struct {
+	quiet    time.Duration
+	lastEnd  time.Time // when the stream last saw a transaction end
+	txStart  time.Time // when the current transaction's first row arrived; zero before it
+	isolated bool      // the last transaction began after a quiet period
+}
+
+// row notes a row of the current transaction.
+func (q *quietClock) row() {
+	if q.txStart.IsZero() {
+		q.txStart = time.Now()
+	}
+}
+
+// end notes a transaction's end, with rows or without.
+func (q *quietClock) end() {
+	now := time.Now()
+	q.isolated = !q.txStart.IsZero() && q.txStart.Sub(q.lastEnd) >= q.quiet
+	q.lastEnd, q.txStart = now, time.Time{}
+}
+
+// sent notes that what waited went out; a Flush that blocked the stream (a Kafka commit) is not a
+// quiet period, so the next transaction's gap counts from now.
+func (q *quietClock) sent() { q.lastEnd = time.Now() }
+
+// due is when to send what waits.
+func (q *quietClock) due() time.Time {
+	if q.isolated {
+		return q.lastEnd
+	}
+	return q.lastEnd.Add(q.quiet)
+}
+
+// quietHandler is the at-least-once handler that sends what lingers in the producer as soon as the
+// WAL stream is quiet (quietClock): low latency at low load, lingering batches under load, without a
+// knob to choose between them.
+type quietHandler struct {
+	handler
+	clock   quietClock
+	pending bool // rows were produced since the last kick
+}
+
+var _ replication.Batcher = (*quietHandler)(nil)
+
+// Deliver implements replication.Handler.
+func (h *quietHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+	if err := h.handler.Deliver(ctx, tx, row); err != nil {
+		return err
+	}
+	h.clock.row()
+	h.pending = true
+	return nil
+}
+
+// Committed implements replication.Batcher.
+func (h *quietHandler) Committed(context.Context, *checkpoint.Tx, checkpoint.LSN) error {
+	h.clock.end()
+	return nil
+}
+
+// FlushDue implements replication.Batcher.
+func (h *quietHandler) FlushDue() time.Time {
+	if !h.pending {
+		return time.Time{}
+	}
+	return h.clock.due()
+}
+
+// Flush implements replication.Batcher: it kicks the producer and does not wait.
+func (h *quietHandler) Flush(context.Context) error {
+	h.pending = false
+	h.router.Kick()
+	return nil
 }
 
 // handler hands rows from the stream to the router and records them in the tracker.

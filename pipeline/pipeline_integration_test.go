@@ -91,6 +91,7 @@ func testGracefulStopConfirmsAcknowledged(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
 	cfg := mode.config(f)
 	cfg.Kafka.Linger = 5 * time.Second
+	cfg.Kafka.QuietFlush = 0 // the linger, or the transaction interval, holds the records
 	eos := cfg.Kafka.ExactlyOnce()
 	if eos {
 		// Long enough that the transaction is still open when the check below runs, even when a new
@@ -129,6 +130,39 @@ func testGracefulStopConfirmsAcknowledged(t *testing.T, mode deliveryMode) {
 	time.Sleep(3 * time.Second)
 	if n := again.p.Router.Produced.Load(); n != 0 {
 		t.Fatalf("restart after a graceful stop produced %d records again", n)
+	}
+}
+
+// TestQuietStreamSendsAtOnce: with a linger (at-least-once) or a transaction interval (exactly-once)
+// of a minute, a transaction written while nothing else happens must still reach a consumer within
+// seconds: once the WAL stream goes quiet after it, kafka.quiet_flush sends it without waiting.
+func TestQuietStreamSendsAtOnce(t *testing.T) {
+	forEachDelivery(t, testQuietStreamSendsAtOnce)
+}
+
+func testQuietStreamSendsAtOnce(t *testing.T, mode deliveryMode) {
+	f := testenv.NewFixture(t)
+	cfg := mode.config(f)
+	cfg.Kafka.Linger, cfg.Kafka.TransactionInterval = time.Minute, time.Minute
+	startPipeline(t, cfg)
+	gen := testenv.NewGenerator(2, "Quiet")
+	// The first transaction creates the topic; the second one comes to a stream that is all set.
+	for round := 1; round <= 2; round++ {
+		evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(0)}
+		if err := testenv.InsertTx(context.Background(), f.DB, f.Table, evs, false); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Quiet"), 3*round, 20*time.Second, mode.consumer...)
+		ids := map[string]bool{}
+		for _, r := range got {
+			ids[testenv.Header(r, "event_id")] = true
+		}
+		if distinct := len(ids); distinct < 3*round {
+			t.Fatalf("round %d: %d of %d events in Kafka after %s; a linger or transaction interval of a minute held them",
+				round, distinct, 3*round, time.Since(start).Round(time.Millisecond))
+		}
+		t.Logf("round %d: all in Kafka after %s", round, time.Since(start).Round(time.Millisecond))
 	}
 }
 

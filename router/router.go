@@ -148,6 +148,7 @@ type Router struct {
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc
+	kicking  atomic.Bool // a Kick's flush is running
 
 	rejectedUpTo atomic.Uint64
 
@@ -207,11 +208,8 @@ func New(opts Options) (*Router, error) {
 		kopts = append(kopts, kgo.TransactionalID(t.Slot.TransactionalID()), kgo.TransactionTimeout(t.Timeout))
 	}
 	kopts = append(kopts, opts.ExtraOpts...)
-	mainOpts := kopts
-	if opts.Kafka.Linger > 0 {
-		mainOpts = append(slices.Clip(kopts), kgo.ProducerLinger(opts.Kafka.Linger))
-	}
-	client, err := kgo.NewClient(mainOpts...)
+	// Always set: franz-go's own default is 10 ms, so leaving it unset for 0 would linger anyway.
+	client, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ProducerLinger(opts.Kafka.Linger))...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
@@ -668,6 +666,23 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		}
 	}
 	return info, nil
+}
+
+// Kick sends the records lingering in the producer now, without waiting for kafka.linger, and returns
+// at once; the stream calls it when the WAL has gone quiet after a transaction. For up to one linger,
+// records produced meanwhile are sent at once too, batched behind the request in flight (franz-go
+// keeps one produce request in flight per broker); after that, lingering resumes, so that a kick does
+// not turn a busy stream into many small requests.
+func (r *Router) Kick() {
+	if r.opts.Kafka.Linger <= 0 || !r.kicking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer r.kicking.Store(false)
+		ctx, cancel := context.WithTimeout(r.closeCtx, r.opts.Kafka.Linger)
+		defer cancel()
+		_ = r.client.Flush(ctx) // a failed record fails the router through its promise
+	}()
 }
 
 // Flush waits until every buffered record is acknowledged (or failed) or ctx ends.

@@ -631,3 +631,19 @@ func TestFencedRouterCannotCommit(t *testing.T) {
 		t.Fatalf("checkpoint read back %+v (%v), want the new router's at 50", last, err)
 	}
 }
+
+// TestLingerIsWhatIsConfigured: kafka.linger 0 means no linger. franz-go's own default is 10 ms,
+// so a router that passed nothing for 0 used to linger 10 ms on every record.
+func TestLingerIsWhatIsConfigured(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	for _, linger := range []time.Duration{0, 5 * time.Millisecond} {
+		r := testRouter(t, c, func(o *Options) { o.Kafka.Linger = linger })
+		if got := r.client.OptValue(kgo.ProducerLinger); got != linger {
+			t.Errorf("kafka.linger %s: producer lingers %v", linger, got)
+		}
+	}
+}
