@@ -53,12 +53,12 @@ vet:
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-bench: build up ## drain a backlog, steady load, ceilings: print the table
+bench: build up ## drain a backlog, the latency curve against the floor, throughput by payload and transaction size: print the tables
 	$(GO) run ./bench
 
-bench-compare: build up ## the same workloads through outbox-cdc and Debezium 3.6.1 on Kafka Connect, side by side
+bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka Connect (defaults and tuned); charts into docs/bench
 	scripts/services.sh debezium-libs
-	$(GO) run ./bench -compare
+	$(GO) run ./bench -compare -charts docs/bench
 
 chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections) in both delivery modes: one line each, fails on loss or disorder (and on any duplicate in exactly-once mode)
 	$(GO) run ./scripts/chaos -delivery at-least-once

@@ -68,9 +68,13 @@ Environment variables:
 				if err != nil {
 					return fmt.Errorf("metrics.addr: %w", err)
 				}
-				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+				paths := "/metrics /healthz /readyz"
+				if cfg.Metrics.Pprof {
+					paths += " /debug/pprof/"
+				}
+				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", paths)
 				go func() {
-					if err := m.Serve(ctx, ln, p.Health); err != nil {
+					if err := m.Serve(ctx, ln, p.Health, cfg.Metrics.Pprof); err != nil {
 						log.Error("metrics endpoint stopped", "error", err.Error())
 					}
 				}()

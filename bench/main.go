@@ -35,7 +35,7 @@ type config struct {
 	sweepEvents             int
 	steadyFor               time.Duration
 	compare                 bool
-	charts                  string        // directory for the SVG charts; empty: none
+	charts                  string // directory for the SVG charts; empty: none
 	altEnv                  string // not empty: also outbox-cdc (at-least-once) with these settings (KEY=VALUE,...)
 }
 
@@ -48,7 +48,7 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 2000, "steady load: the headline rate, events per second (0 skips the steady workloads)")
 	flag.StringVar(&rates, "rates", "500,2000,10000,30000", "steady load: the latency curve's rates, events per second")
 	flag.IntVar(&c.steadyRows, "k", 10, "steady load: rows per transaction")
-	flag.DurationVar(&c.steadyFor, "duration", 15*time.Second, "steady load: how long at each rate")
+	flag.DurationVar(&c.steadyFor, "duration", 10*time.Second, "steady load: how long at each rate")
 	flag.StringVar(&payloads, "payloads", "100,1000,8000,64000", "throughput sweep: payload sizes in bytes (empty skips)")
 	flag.StringVar(&txSizes, "tx-sizes", "1,10,100,1000,10000", "throughput sweep: rows per transaction (empty skips)")
 	flag.IntVar(&c.sweepEvents, "sweep-events", 50000, "throughput sweep: events per point (fewer for large payloads)")

@@ -298,7 +298,9 @@ func (r report) sweeps() {
 }
 
 func (r report) sweepRow(label string, events int, get func(result) sweepPoint) {
-	m := func(f func(sweepPoint) float64) float64 { return r.med(func(res result) float64 { return f(get(res)) }) }
+	m := func(f func(sweepPoint) float64) float64 {
+		return r.med(func(res result) float64 { return f(get(res)) })
+	}
 	fmt.Printf("| %s | %d | %.0f | %.1f | %.1f | %.1f |\n", label, events,
 		m(sweepPoint.eventsPerSec), m(sweepPoint.mbPerSec), m(sweepPoint.cpuPerEvent),
 		m(func(p sweepPoint) float64 { return float64(p.peakRSSKB) / 1024 }))
@@ -343,7 +345,9 @@ func (r report) charts(dir string) ([]string, error) {
 		ev := series{name: "events/s (thousands)"}
 		cpu := series{name: "CPU µs per event"}
 		for i, p := range get(r.results[0]) {
-			m := func(f func(sweepPoint) float64) float64 { return r.med(func(res result) float64 { return f(get(res)[i]) }) }
+			m := func(f func(sweepPoint) float64) float64 {
+				return r.med(func(res result) float64 { return f(get(res)[i]) })
+			}
 			ev.points = append(ev.points, [2]float64{x(p), m(sweepPoint.eventsPerSec) / 1000})
 			cpu.points = append(cpu.points, [2]float64{x(p), m(sweepPoint.cpuPerEvent)})
 		}

@@ -203,6 +203,9 @@ type Log struct {
 type Metrics struct {
 	// Addr is host:port to listen on; empty disables the endpoint.
 	Addr string `yaml:"addr"`
+	// Pprof serves Go's profiles under /debug/pprof/ on the same address. Off by default: profiles
+	// show code paths and memory, and a CPU profile costs while it runs.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Default returns the configuration used where nothing else is said.

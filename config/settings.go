@@ -120,6 +120,7 @@ var settings = []setting{
 	{"limits.max_inflight_bytes", "OUTBOX_CDC_MAX_INFLIGHT_BYTES", "", "", integer(func(c *Config) *int64 { return &c.Limits.MaxInFlightBytes })},
 	{"log.level", "OUTBOX_CDC_LOG_LEVEL", "log-level", "debug, info, warn or error", str(func(c *Config) *string { return &c.Log.Level })},
 	{"log.format", "OUTBOX_CDC_LOG_FORMAT", "log-format", "auto (text on a terminal, JSON otherwise), text or json", str(func(c *Config) *string { return &c.Log.Format })},
+	{"metrics.pprof", "OUTBOX_CDC_PPROF", "", "", boolean(func(c *Config) *bool { return &c.Metrics.Pprof })},
 	{"metrics.addr", "OUTBOX_CDC_METRICS_ADDR", "metrics-addr", "listen address for /metrics, /healthz, /readyz (empty disables)", str(func(c *Config) *string { return &c.Metrics.Addr })},
 	{"shutdown_timeout", "OUTBOX_CDC_SHUTDOWN_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 }

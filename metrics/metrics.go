@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -144,9 +145,20 @@ func (m *Metrics) Handler(health func() pipeline.Health) http.Handler {
 	return mux
 }
 
-// Serve serves Handler on ln until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, ln net.Listener, health func() pipeline.Health) error {
-	srv := &http.Server{Handler: m.Handler(health), ReadHeaderTimeout: 5 * time.Second}
+// Serve serves Handler on ln until ctx ends; with pprof, Go's profiles too, under /debug/pprof/.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener, health func() pipeline.Health, pprof bool) error {
+	handler := m.Handler(health)
+	if pprof {
+		mux := http.NewServeMux()
+		mux.Handle("/", handler)
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+		handler = mux
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

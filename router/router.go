@@ -598,6 +598,31 @@ func (r *Router) prepareTopic(ctx context.Context, topic string) (topicInfo, err
 	return p.info, nil
 }
 
+// waitTopicLeaders waits, within ctx, until the brokers' metadata shows every partition of a topic just
+// created with a leader. The producer's first look at a topic that is not there yet fails, and
+// franz-go then waits its metadata minimum age (5 s) before looking again: the first records of every
+// new topic would wait that long (in exactly-once mode, with the stream held by the commit).
+func (r *Router) waitTopicLeaders(ctx context.Context, topic string) {
+	for {
+		if details, err := r.admin.ListTopics(ctx, topic); err == nil {
+			if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 0 {
+				ready := true
+				for _, p := range d.Partitions {
+					ready = ready && p.Err == nil && p.Leader >= 0
+				}
+				if ready {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return // the producer retries on its own
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // errTopicSetupTimeout replaces a context deadline in topic set-up errors.
 var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout")
 
@@ -618,6 +643,7 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		case err == nil:
 			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
 			info.partitions = resp.NumPartitions
+			r.waitTopicLeaders(ctx, topic)
 		case errors.Is(err, kerr.TopicAlreadyExists):
 		case errors.Is(err, kerr.InvalidTopicException):
 			info.refused = fmt.Sprintf("kafka refused to create topic %s (an invalid name, or one colliding with an existing topic when '.' and '_' are taken as equal): %v", topic, err)
