@@ -4,7 +4,6 @@
 package outbox
 
 import (
-	"regexp"
 	"strings"
 )
 
@@ -43,11 +42,19 @@ const (
 	HeaderDLQOriginalHeaderSize = DLQHeaderPrefix + "original_headers_bytes"
 )
 
-var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
 // ValidTopic reports whether name is a legal Kafka topic name for records: 1 to 249 of
 // [a-zA-Z0-9._-], not "." or "..", and not starting with "__" (Kafka's internal topics, such as
 // __consumer_offsets and __transaction_state).
 func ValidTopic(name string) bool {
-	return topicRE.MatchString(name) && name != "." && name != ".." && !strings.HasPrefix(name, "__")
+	if len(name) == 0 || len(name) > 249 || name == "." || name == ".." || strings.HasPrefix(name, "__") {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }

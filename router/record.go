@@ -22,7 +22,7 @@ var reservedHeaders = map[string]bool{
 // never be a valid record returns an *undeliverable error; the record returned with it still carries
 // what could be read, for the dead-letter topic.
 func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
-	rec := &kgo.Record{}
+	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 5)}
 	var problem error
 	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
 		rec.Key = id

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/outbox"
@@ -38,7 +39,16 @@ type Rules struct {
 	fallback string
 	allowed  []string
 	cols     config.Columns
+
+	// resolved caches the topics a template with one column made, valid and allowed, by that
+	// column's value: the template, the name check and the allowed patterns run once per event type,
+	// not once per row. Bounded by maxResolved.
+	mu       sync.Mutex
+	resolved map[string]string
 }
+
+// maxResolved bounds Rules.resolved; past it the cache starts over.
+const maxResolved = 4096
 
 type templatePart struct {
 	literal string
@@ -124,6 +134,17 @@ func (r *Rules) Topic(row Row) (string, error) {
 	if len(r.parts) == 0 {
 		return r.orFallback(fmt.Sprintf("no routing.topics entry for event type %q and no topic template", et))
 	}
+	column := r.singleColumn()
+	var cacheKey []byte
+	if column != "" {
+		cacheKey, _ = row.Value(column)
+		r.mu.Lock()
+		t, ok := r.resolved[string(cacheKey)]
+		r.mu.Unlock()
+		if ok {
+			return t, nil
+		}
+	}
 	var b strings.Builder
 	for _, p := range r.parts {
 		if p.column == "" {
@@ -143,6 +164,14 @@ func (r *Rules) Topic(row Row) (string, error) {
 	if !r.Allowed(topic) {
 		return "", &undeliverable{reason: fmt.Sprintf("topic %q matches no pattern of routing.allowed_topics", topic)}
 	}
+	if column != "" {
+		r.mu.Lock()
+		if r.resolved == nil || len(r.resolved) >= maxResolved {
+			r.resolved = make(map[string]string)
+		}
+		r.resolved[string(cacheKey)] = topic
+		r.mu.Unlock()
+	}
 	return topic, nil
 }
 
@@ -157,6 +186,20 @@ func (r *Rules) Allowed(topic string) bool {
 		}
 	}
 	return false
+}
+
+// singleColumn is the template's column when it has exactly one (around literals); empty otherwise.
+func (r *Rules) singleColumn() string {
+	column := ""
+	for _, p := range r.parts {
+		if p.column != "" {
+			if column != "" {
+				return ""
+			}
+			column = p.column
+		}
+	}
+	return column
 }
 
 // TemplateColumns are the columns the topic template reads, as configured (role names resolved).
