@@ -44,6 +44,9 @@ type Postgres struct {
 	// URL is the connection string (postgres://user:password@host:port/db). The role needs the
 	// REPLICATION attribute.
 	URL string `yaml:"url"`
+	// StandbyURLs are the standbys that should be able to take over the slot at a failover
+	// (PostgreSQL 17+ failover slots); status and init check and explain their readiness.
+	StandbyURLs []string `yaml:"standby_urls"`
 	// Table is the outbox table, schema-qualified.
 	Table string `yaml:"table"`
 	// Slot is the logical replication slot's name.
@@ -445,7 +448,14 @@ func (c *Config) Secrets() []string {
 			out = append(out, u)
 		}
 	}
-	u := c.Postgres.URL
+	for _, u := range append([]string{c.Postgres.URL}, c.Postgres.StandbyURLs...) {
+		urlSecrets(u, add)
+	}
+	return out
+}
+
+// urlSecrets feeds add the password candidates of one PostgreSQL URL or connection string.
+func urlSecrets(u string, add func(string)) {
 	if i := strings.Index(u, "://"); i >= 0 {
 		rest := u[i+3:]
 		if colon := strings.IndexByte(rest, ':'); colon >= 0 {
@@ -474,17 +484,20 @@ func (c *Config) Secrets() []string {
 			add(strings.ReplaceAll(strings.ReplaceAll(unquoted, `\'`, `'`), `\\`, `\`))
 		}
 	}
-	return out
 }
 
 // passwordPairRE matches password=value in a URL's query or a key=value connection string.
 var passwordPairRE = regexp.MustCompile(`(?i)pass(?:word)?\s*=\s*('(?:[^'\\]|\\.)*(?:'|$)|[^\s&]*)`)
 
 // PostgresTarget describes the database for logs: user@host:port/database, never the password.
-func (c *Config) PostgresTarget() string {
-	pc, err := pgconn.ParseConfig(c.Postgres.URL)
+func (c *Config) PostgresTarget() string { return Target(c.Postgres.URL, "postgres.url") }
+
+// Target describes the database of a PostgreSQL URL for logs: user@host:port/database, never the
+// password; key names the URL's configuration key when it cannot be parsed.
+func Target(url, key string) string {
+	pc, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return "(unparsable postgres.url)"
+		return "(unparsable " + key + ")"
 	}
 	return fmt.Sprintf("%s@%s:%d/%s", pc.User, pc.Host, pc.Port, pc.Database)
 }

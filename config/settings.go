@@ -73,6 +73,7 @@ func list(p func(c *Config) *[]string) func(*Config, string) error {
 // settings lists every key that environment variables and flags can set.
 var settings = []setting{
 	{"postgres.url", "OUTBOX_CDC_POSTGRES", "postgres", "PostgreSQL URL (role with REPLICATION)", str(func(c *Config) *string { return &c.Postgres.URL })},
+	{"postgres.standby_urls", "OUTBOX_CDC_STANDBY_URLS", "", "", list(func(c *Config) *[]string { return &c.Postgres.StandbyURLs })},
 	{"postgres.table", "OUTBOX_CDC_TABLE", "table", "outbox table, schema-qualified", str(func(c *Config) *string { return &c.Postgres.Table })},
 	{"postgres.slot", "OUTBOX_CDC_SLOT", "slot", "logical replication slot", str(func(c *Config) *string { return &c.Postgres.Slot })},
 	{"postgres.publication", "OUTBOX_CDC_PUBLICATION", "publication", "publication", str(func(c *Config) *string { return &c.Postgres.Publication })},

