@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -512,5 +514,53 @@ func TestVanishedSlotIsNotRecreated(t *testing.T) {
 	}
 	if exists {
 		t.Fatal("the router created a new slot after its slot vanished")
+	}
+}
+
+// TestPromotedServerWithoutSlotIsRefused: a router started against a server promoted from a standby
+// that lacks the slot (PostgreSQL before 17, or a standby the slot was never synchronized to) must
+// not create a new slot there, which would silently skip what was committed between the old
+// primary's last confirmed position and the failover; it stops and points at resync.
+func TestPromotedServerWithoutSlotIsRefused(t *testing.T) {
+	primary := testenv.NewCluster(t, "wal_level = logical")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "sql", "outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, string(script)); err != nil {
+		t.Fatalf("apply sql/outbox.sql: %v", err)
+	}
+	_ = conn.Close(ctx)
+	standby := primary.Standby(t, "sb1")
+	standby.Promote(t)
+	cfg := config.Default()
+	cfg.Postgres.URL, cfg.Kafka.Brokers = standby.URL, testenv.Brokers(t)
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = p.Run(rctx)
+	if !errors.Is(err, replication.ErrSlotLost) || !strings.Contains(err.Error(), "promoted") || !strings.Contains(err.Error(), "resync") {
+		t.Fatalf("run on a promoted server without the slot returned %v, want a refusal naming the promotion and resync", err)
+	}
+	t.Logf("refused: %v", err)
+	check, err := pgx.Connect(ctx, standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close(ctx)
+	var slots int
+	if err := check.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'").Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 0 {
+		t.Fatalf("%d logical slots on the promoted server, want none created", slots)
 	}
 }

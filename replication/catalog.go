@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -177,6 +178,12 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		if !o.CreateSlot {
 			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
 		}
+		if tl, err := c.Timeline(ctx); err == nil && tl > 1 {
+			return res, fmt.Errorf("%w: replication slot %q does not exist, and this server was promoted from a standby (timeline %d). If the router streamed from the previous primary, "+
+				"what was committed between its last position and the failover is in no slot here, and a new slot would silently skip it, so run does not create one: "+
+				"recover with `outbox-cdc resync` (it creates the slot and republishes the rows still in the outbox); on a first start, create the slot with `outbox-cdc init`",
+				ErrSlotLost, o.Slot, tl)
+		}
 		if res.CreatedSlot, err = c.CreateSlot(ctx, o.Slot, res.WantFailover); err != nil {
 			return res, err
 		}
@@ -186,6 +193,24 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	}
 	res.Slot = slot
 	return res, slot.usable(o.Slot)
+}
+
+// Timeline returns the server's current timeline: 1 on a server that was never promoted from a
+// standby (or restored to a point in time). It reads the timeline from the current WAL file's name, which
+// changes at a promotion at once (pg_control_checkpoint() follows only at the next checkpoint).
+func (c *Catalog) Timeline(ctx context.Context) (uint32, error) {
+	var name string
+	if err := c.conn.QueryRow(ctx, "SELECT pg_walfile_name(pg_current_wal_lsn())").Scan(&name); err != nil {
+		return 0, fmt.Errorf("read the timeline: %w", err)
+	}
+	if len(name) < 8 {
+		return 0, fmt.Errorf("read the timeline: unexpected WAL file name %q", name)
+	}
+	tl, err := strconv.ParseUint(name[:8], 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("read the timeline from WAL file name %q: %w", name, err)
+	}
+	return uint32(tl), nil
 }
 
 // MayReplicateSQL is a scalar subquery that is true when the current role may stream logical
