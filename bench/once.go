@@ -108,8 +108,9 @@ func once(c config, n int) (res result, err error) {
 	}
 	if c.compare {
 		// The tuned Debezium's heartbeats; kept between runs.
-		if r, err := b.admin.CreateTopic(ctx, 1, -1, nil, heartbeatTopic); err != nil || (r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists)) {
-			return res, fmt.Errorf("create %s: %w", heartbeatTopic, errors.Join(err, r.Err))
+		r, err := b.admin.CreateTopic(ctx, 1, -1, nil, heartbeatTopic)
+		if err = errors.Join(err, r.Err); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return res, fmt.Errorf("create %s: %w", heartbeatTopic, err)
 		}
 	}
 	b.records = makeRecords(c.events, c.payload)

@@ -170,6 +170,8 @@ type carried struct {
 	poke chan struct{}
 	// slotSeen is true once a session streamed from the slot: a slot missing later is not re-created.
 	slotSeen bool
+	// server is the address the last session streamed from.
+	server string
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -309,8 +311,13 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
 	p.obs.setSession(tracker, c.lastPID)
 	defer p.obs.setSession(nil, 0)
+	server := stream.Server()
 	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
-		"table", cfg.Postgres.Table, "from_lsn", res.Slot.ConfirmedFlush.String())
+		"table", cfg.Postgres.Table, "from_lsn", res.Slot.ConfirmedFlush.String(), "server", server)
+	if c.server != "" && c.server != server {
+		p.log.Warn("streaming from another server than the last session: a failover or switchover", "previous", c.server, "server", server)
+	}
+	c.server = server
 
 	p.state.Store(int32(StateStreaming))
 	c.streamed = time.Now()

@@ -519,6 +519,15 @@ func (s *Stream) Finish(ctx context.Context) error {
 // BackendPID is the server process of the replication connection: the walsender that holds the slot.
 func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
 
+// Server is the address of the server the stream reads from (host:port), which with a multi-host
+// postgres.url says which host is the primary now.
+func (s *Stream) Server() string {
+	if nc := s.conn.Conn(); nc != nil && nc.RemoteAddr() != nil {
+		return nc.RemoteAddr().String()
+	}
+	return ""
+}
+
 // Close closes the replication connection.
 func (s *Stream) Close(ctx context.Context) error {
 	return s.conn.Close(ctx)

@@ -1,0 +1,163 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// TestPromotionUnderLoad: on PostgreSQL 17, a primary and a physical standby that synchronizes the
+// router's failover slot (synchronized_standby_slots set on the primary). Writers and the router run
+// under load through a multi-host URL (target_session_attrs=read-write); the primary is killed
+// (immediate shutdown) and the standby promoted. Every row on the promoted server must reach Kafka,
+// in order per aggregate, and nothing may reach Kafka whose row the promoted server does not have (no
+// phantom events). Several rounds, each with new servers.
+func TestPromotionUnderLoad(t *testing.T) {
+	rounds := 5
+	if testing.Short() {
+		rounds = 1
+	}
+	for round := 1; round <= rounds; round++ {
+		t.Run(fmt.Sprint("round ", round), testPromotionUnderLoad)
+	}
+}
+
+func testPromotionUnderLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
+	exec := func(url, sql string) error {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	script, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "sql", "outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec(primary.URL, string(script)); err != nil {
+		t.Fatalf("apply sql/outbox.sql: %v", err)
+	}
+	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on")
+	for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
+		if err := exec(primary.URL, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
+	prefix := fmt.Sprintf("t.promotion-%x", time.Now().UnixNano()&0xffffff)
+	cfg := config.Default()
+	cfg.Postgres.URL, cfg.Kafka.Brokers = both, testenv.Brokers(t)
+	cfg.Postgres.StatusInterval = time.Second
+	cfg.Routing.Topic = prefix + ".{event_type}"
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
+	run := startPipeline(t, cfg)
+
+	// Two writers through the multi-host URL; a failed transaction is retried on a new connection.
+	wctx, stopWriters := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			gen := testenv.NewGenerator(5, "Placed", "Paid").WithPrefix(fmt.Sprintf("w%d-", w))
+			var conn *pgx.Conn
+			defer func() {
+				if conn != nil {
+					_ = conn.Close(context.Background())
+				}
+			}()
+			for i := 0; wctx.Err() == nil; i++ {
+				if conn == nil {
+					if conn, err = pgx.Connect(wctx, both); err != nil {
+						conn = nil
+						time.Sleep(100 * time.Millisecond)
+						continue
+					}
+				}
+				evs := []testenv.Event{gen.Event(i), gen.Event(i + 1), gen.Event(i)}
+				if err := testenv.InsertTx(wctx, conn, "public.outbox", evs, false); err != nil {
+					_ = conn.Close(context.Background())
+					conn = nil
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}(w)
+	}
+	defer func() { stopWriters(); wg.Wait() }()
+
+	// The standby's copy of the slot must be ready (synced, no longer temporary) before the failover.
+	testenv.WaitFor(t, 2*time.Minute, "the slot synchronized to the standby and no longer temporary", func() bool {
+		_ = exec(primary.URL, "SELECT pg_log_standby_snapshot()")
+		conn, err := pgx.Connect(ctx, standby.URL)
+		if err != nil {
+			return false
+		}
+		defer conn.Close(ctx)
+		var ready bool
+		err = conn.QueryRow(ctx, "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = $1", cfg.Postgres.Slot).Scan(&ready)
+		return err == nil && ready
+	})
+	time.Sleep(2 * time.Second)
+	primary.Stop(t, "immediate")
+	standby.Promote(t)
+	before := run.p.Router.Produced.Load()
+	testenv.WaitFor(t, time.Minute, "the router delivering from the promoted server", func() bool {
+		return run.p.State() == StateStreaming && run.p.Router.Produced.Load() > before+100
+	})
+	time.Sleep(2 * time.Second)
+	stopWriters()
+	wg.Wait()
+
+	// What the promoted server holds is the truth.
+	conn, err := pgx.Connect(ctx, standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT event_id::text, event_type, aggregate_type, aggregate_id, aggregate_version, payload::text, COALESCE(headers::text, '')
+		FROM public.outbox ORDER BY aggregate_id, aggregate_version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (testenv.Event, error) {
+		var e testenv.Event
+		err := r.Scan(&e.ID, &e.Type, &e.AggType, &e.AggID, &e.Version, &e.Payload, &e.Headers)
+		return e, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) == 0 {
+		t.Fatal("no rows on the promoted server")
+	}
+	got := testenv.ConsumeDistinct(t, cfg.Kafka.Brokers, []string{prefix + ".Placed", prefix + ".Paid"}, len(want), 2*time.Minute)
+	rep := testenv.CheckDelivery(prefix, want, got)
+	for i, p := range rep.Problems {
+		if i == 30 {
+			t.Errorf("... and %d more", len(rep.Problems)-30)
+			break
+		}
+		t.Error(p)
+	}
+	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong or phantom",
+		len(want), len(got), rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
+	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("stop: %v", err)
+	}
+}
