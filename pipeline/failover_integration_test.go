@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
@@ -28,11 +29,15 @@ func TestPromotionUnderLoad(t *testing.T) {
 		rounds = 1
 	}
 	for round := 1; round <= rounds; round++ {
-		t.Run(fmt.Sprint("round ", round), testPromotionUnderLoad)
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) { testPromotionUnderLoad(t, true) })
 	}
+	// Without synchronized_standby_slots the router may have published transactions the standby
+	// never received: after the promotion they are in Kafka, not in the database (phantom events).
+	// Nothing may be lost or reordered either way; the phantoms are counted and printed.
+	t.Run("without synchronized_standby_slots", func(t *testing.T) { testPromotionUnderLoad(t, false) })
 }
 
-func testPromotionUnderLoad(t *testing.T) {
+func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
@@ -53,9 +58,11 @@ func testPromotionUnderLoad(t *testing.T) {
 		t.Fatalf("apply sql/outbox.sql: %v", err)
 	}
 	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on")
-	for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
-		if err := exec(primary.URL, sql); err != nil {
-			t.Fatal(err)
+	if synchronizedStandbySlots {
+		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
+			if err := exec(primary.URL, sql); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
@@ -147,7 +154,24 @@ func testPromotionUnderLoad(t *testing.T) {
 		t.Fatal("no rows on the promoted server")
 	}
 	got := testenv.ConsumeDistinct(t, cfg.Kafka.Brokers, []string{prefix + ".Placed", prefix + ".Paid"}, len(want), 2*time.Minute)
-	rep := testenv.CheckDelivery(prefix, want, got)
+	inTable := make(map[string]bool, len(want))
+	for _, e := range want {
+		inTable[e.ID] = true
+	}
+	phantoms := map[string]bool{}
+	var real []*kgo.Record
+	for _, r := range got {
+		if id := testenv.Header(r, "event_id"); !inTable[id] {
+			phantoms[id] = true
+			continue
+		}
+		real = append(real, r)
+	}
+	t.Logf("synchronized_standby_slots set: %t; phantom events (in Kafka, not on the promoted server): %d", synchronizedStandbySlots, len(phantoms))
+	if synchronizedStandbySlots && len(phantoms) > 0 {
+		t.Errorf("%d phantom events with synchronized_standby_slots set", len(phantoms))
+	}
+	rep := testenv.CheckDelivery(prefix, want, real)
 	for i, p := range rep.Problems {
 		if i == 30 {
 			t.Errorf("... and %d more", len(rep.Problems)-30)
@@ -155,7 +179,7 @@ func testPromotionUnderLoad(t *testing.T) {
 		}
 		t.Error(p)
 	}
-	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong or phantom",
+	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong",
 		len(want), len(got), rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
 	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("stop: %v", err)
