@@ -12,7 +12,10 @@ import (
 )
 
 func newInitCommand() *cobra.Command {
-	var dryRun, createTable bool
+	var (
+		dryRun, createTable bool
+		standbys            []string
+	)
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Check the database's prerequisites and create the table, publication, slot and topics",
@@ -23,18 +26,26 @@ attribute and its SELECT privilege on the outbox table.
 It then creates, idempotently, what is missing: the outbox table (only with --create-table, from
 sql/outbox.sql), the publication (publish = 'insert'), the replication slot, and the Kafka topics the
 routing configuration names in advance (routing.topics, fallback and dead-letter topics). Running it
-twice changes nothing the second time. --dry-run prints the SQL and the topics and changes nothing.`,
+twice changes nothing the second time. --dry-run prints the SQL and the topics and changes nothing.
+
+Finally it explains whether the slot will survive a failover: on PostgreSQL 17 and later the slot is
+a failover slot; the primary's synchronized_standby_slots is checked, and each standby given with
+--standby (or postgres.standby_urls) is checked for what slot synchronization needs. A standby whose
+copy of a new slot is still temporary is explained, not an error: status exits 1 on it.`,
 		Example: `  outbox-cdc init --dry-run
-  outbox-cdc init --create-table --dlq-topic outbox.dlq`,
+  outbox-cdc init --create-table --dlq-topic outbox.dlq
+  outbox-cdc init --standby postgres://outbox:secret@standby-1:5432/outbox`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err
 			}
+			cfg.Postgres.StandbyURLs = append(cfg.Postgres.StandbyURLs, standbys...)
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()
-			if err := ops.Init(ctx, cmd.OutOrStdout(), cfg, ops.InitOptions{CreateTable: createTable, DryRun: dryRun}); err != nil {
+			out := scrubber(cfg).Writer(cmd.OutOrStdout())
+			if err := ops.Init(ctx, out, cfg, ops.InitOptions{CreateTable: createTable, DryRun: dryRun}); err != nil {
 				return errors.New(scrubber(cfg).String(err.Error()))
 			}
 			return nil
@@ -42,6 +53,7 @@ twice changes nothing the second time. --dry-run prints the SQL and the topics a
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the SQL and the topic list, change nothing")
 	cmd.Flags().BoolVar(&createTable, "create-table", false, "create the outbox table from sql/outbox.sql when missing")
+	cmd.Flags().StringArrayVar(&standbys, "standby", nil, "a standby's PostgreSQL URL whose readiness to take over the slot is checked and explained (repeatable; adds to postgres.standby_urls)")
 	config.RegisterFlags(cmd.Flags())
 	return cmd
 }

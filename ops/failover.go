@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 
@@ -132,6 +133,41 @@ func standbyProblems(sb StandbyReport, slot replication.SlotState, p replication
 		out = append(out, fmt.Sprintf("its copy of slot %s is still temporary (a promotion drops it) until the router has moved the slot forward on the primary", slot.Name))
 	}
 	return out
+}
+
+// reportFailover prints, for init, whether the slot will survive a failover: the primary's traps and
+// each standby of postgres.standby_urls. A standby that is not ready yet is explained, not an error:
+// right after the slot is created its copy on a standby is still temporary.
+func reportFailover(ctx context.Context, w io.Writer, cat *replication.Catalog, cfg config.Config) error {
+	rep, err := gatherFailover(ctx, cat, cfg.Postgres.Slot, cfg.Postgres.StandbyURLs)
+	if err != nil {
+		return err
+	}
+	slot, err := cat.Slot(ctx, cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	rep.trail(slot)
+	st := Status{Slot: slot, Failover: rep}
+	problems, warnings := st.evaluateFailover()
+	for _, p := range problems {
+		fmt.Fprintf(w, "FIX  failover: %s\n", p)
+	}
+	for _, wa := range warnings {
+		fmt.Fprintf(w, "WARN failover: %s\n", wa)
+	}
+	for _, sb := range rep.Standbys {
+		if sb.Ready {
+			fmt.Fprintf(w, "ok   standby %s is ready to take over slot %s (its copy trails %d bytes)\n", sb.Target, slot.Name, sb.TrailBytes)
+		}
+	}
+	switch {
+	case !rep.Primary.FailoverSupported() && len(rep.Standbys) == 0:
+		fmt.Fprintf(w, "note PostgreSQL %d has no failover slots: after a failover, run outbox-cdc resync\n", rep.Primary.ServerVersion/10000)
+	case len(rep.Standbys) == 0 && len(problems)+len(warnings) == 0 && slot.Failover:
+		fmt.Fprintf(w, "ok   slot %s is a failover slot; give --standby URL to check a standby's readiness\n", slot.Name)
+	}
+	return nil
 }
 
 // trail sets each standby's trail behind the primary's slot.

@@ -83,6 +83,13 @@ func TestStandbyReadinessOnPostgres17(t *testing.T) {
 	if strings.Contains(problems(st), "standby") || len(st.Warnings) > 0 {
 		t.Fatalf("ready standby, yet problems %q, warnings %q", st.Problems, st.Warnings)
 	}
+	var out strings.Builder
+	if err := Init(ctx, &out, cfg, InitOptions{CreateTable: true}); err != nil {
+		t.Fatalf("init: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "is ready to take over slot outbox_cdc") {
+		t.Fatalf("init does not say the standby is ready:\n%s", out.String())
+	}
 
 	// Without synchronized_standby_slots the router may publish what the standby never received.
 	exec("ALTER SYSTEM RESET synchronized_standby_slots")
@@ -101,5 +108,12 @@ func TestStandbyReadinessOnPostgres17(t *testing.T) {
 	st = waitFor("the setting seen", func(st Status) bool { return len(st.Failover.Primary.MissingStandbySlots) > 0 })
 	if st.Healthy || !strings.Contains(problems(st), "waits for them forever") {
 		t.Fatalf("synchronized_standby_slots naming a missing slot: healthy %t, problems %q", st.Healthy, st.Problems)
+	}
+	out.Reset()
+	if err := Init(ctx, &out, cfg, InitOptions{DryRun: true}); err != nil {
+		t.Fatalf("init --dry-run: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "FIX  failover: synchronized_standby_slots names gone") {
+		t.Fatalf("init does not explain the missing synchronized standby slot:\n%s", out.String())
 	}
 }

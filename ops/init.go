@@ -128,7 +128,7 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 			fmt.Fprintf(w, "  %s;\n", strings.TrimSpace(s.sql))
 		}
 		fmt.Fprintf(w, "Kafka topics it would create if missing (%d partitions): %s\n", cfg.Kafka.TopicPartitions, orNone(topics))
-		return nil
+		return reportFailover(ctx, w, cat, cfg)
 	}
 	for _, s := range steps {
 		if err := s.run(); err != nil {
@@ -138,6 +138,9 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 	}
 	if len(steps) == 0 {
 		fmt.Fprintf(w, "ok   table %s, publication %s and slot %s exist\n", cfg.Postgres.Table, cfg.Postgres.Publication, cfg.Postgres.Slot)
+	}
+	if err := reportFailover(ctx, w, cat, cfg); err != nil {
+		return err
 	}
 	return createTopics(ctx, w, cfg, topics)
 }

@@ -6,6 +6,7 @@ package redact
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -146,4 +147,21 @@ func (h *Handler) attr(a slog.Attr) slog.Attr {
 	default:
 		return slog.Attr{Key: a.Key, Value: v}
 	}
+}
+
+// Writer returns a writer that scrubs every write to w with String: for command output written a
+// line at a time.
+func (s *Scrubber) Writer(w io.Writer) io.Writer { return scrubWriter{s: s, w: w} }
+
+type scrubWriter struct {
+	s *Scrubber
+	w io.Writer
+}
+
+// Write implements io.Writer; it reports len(p) written when the scrubbed text was written whole.
+func (sw scrubWriter) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(sw.w, sw.s.String(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -3,6 +3,7 @@ package redact
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -53,5 +54,14 @@ func TestSecretInsideALongerWordIsNotReplaced(t *testing.T) {
 	want := `outbox-cdc stopped; user=xxxxx password xxxxx, "xxxxx"`
 	if got != want {
 		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestWriterScrubsEveryWrite(t *testing.T) {
+	var b strings.Builder
+	w := NewScrubber("hunter2-secret").Writer(&b)
+	fmt.Fprintf(w, "standby postgres://u:other-pw@h/db: connect with hunter2-secret failed\n")
+	if got := b.String(); strings.Contains(got, "hunter2-secret") || strings.Contains(got, "other-pw") {
+		t.Fatalf("secret printed: %q", got)
 	}
 }
