@@ -91,11 +91,12 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 			}()
 			for i := 0; wctx.Err() == nil; i++ {
 				if conn == nil {
-					if conn, err = pgx.Connect(wctx, both); err != nil {
-						conn = nil
+					c, err := pgx.Connect(wctx, both)
+					if err != nil {
 						time.Sleep(100 * time.Millisecond)
 						continue
 					}
+					conn = c
 				}
 				evs := []testenv.Event{gen.Event(i), gen.Event(i + 1), gen.Event(i)}
 				if err := testenv.InsertTx(wctx, conn, "public.outbox", evs, false); err != nil {
