@@ -352,6 +352,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		h = &base
 	}
 	runErr := stream.Run(streamCtx, tracker, h)
+	// Not streaming any more, whatever the clean-up below takes (an abort waits for Kafka).
+	p.state.Store(int32(StateStarting))
 	if eos != nil {
 		p.skippedRows.Add(eos.skipped.Load())
 		if eos.skippedTxs > 0 {
