@@ -487,6 +487,11 @@ func (s *Stream) Confirm() error {
 	if s.tracker == nil {
 		return nil
 	}
+	if s.conn.IsClosed() {
+		// pgconn closed it after a network error and is still sending Terminate from its own
+		// goroutine: nothing more can be sent, and writing now would race with that goroutine.
+		return errors.New("confirm: the replication connection is closed")
+	}
 	return s.sendStatus(s.confirmable(), false)
 }
 
