@@ -45,6 +45,7 @@ type Rules struct {
 	// not once per row. Bounded by maxResolved.
 	mu       sync.Mutex
 	resolved map[string]string
+	single   string // the template's only column (singleColumn), set once by NewRules
 }
 
 // maxResolved bounds Rules.resolved; past it the cache starts over.
@@ -110,6 +111,7 @@ func NewRules(routing config.Routing, cols config.Columns) (*Rules, error) {
 		}
 		r.parts = append(r.parts, templatePart{literal: rest})
 	}
+	r.single = r.singleColumn()
 	return r, nil
 }
 
@@ -134,7 +136,7 @@ func (r *Rules) Topic(row Row) (string, error) {
 	if len(r.parts) == 0 {
 		return r.orFallback(fmt.Sprintf("no routing.topics entry for event type %q and no topic template", et))
 	}
-	column := r.singleColumn()
+	column := r.single
 	var cacheKey []byte
 	if column != "" {
 		cacheKey, _ = row.Value(column)
