@@ -598,22 +598,17 @@ func (r *Router) prepareTopic(ctx context.Context, topic string) (topicInfo, err
 	return p.info, nil
 }
 
-// waitTopicLeaders waits, within ctx, until the brokers' metadata shows every partition of a topic just
-// created with a leader. The producer's first look at a topic that is not there yet fails, and
-// franz-go then waits its metadata minimum age (5 s) before looking again: the first records of every
-// new topic would wait that long (in exactly-once mode, with the stream held by the commit).
+// waitTopicLeaders waits, within ctx, until every partition of a topic just created has a leader that
+// serves it. The producer's first look at a topic that is not there yet fails, and franz-go then waits
+// its metadata minimum age (5 s) before looking again; so does a produce that a leader refuses with
+// NOT_LEADER_FOR_PARTITION because it has not loaded the partition yet, although the metadata already
+// names it. Either way the first records of every new topic would wait that long (in exactly-once
+// mode, with the stream held by the commit). Listing the end offsets asks the leaders themselves, so
+// the wait ends only when each one answers for its partition.
 func (r *Router) waitTopicLeaders(ctx context.Context, topic string) {
 	for {
-		if details, err := r.admin.ListTopics(ctx, topic); err == nil {
-			if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 0 {
-				ready := true
-				for _, p := range d.Partitions {
-					ready = ready && p.Err == nil && p.Leader >= 0
-				}
-				if ready {
-					return
-				}
-			}
+		if r.topicServed(ctx, topic) {
+			return
 		}
 		select {
 		case <-ctx.Done():
@@ -621,6 +616,35 @@ func (r *Router) waitTopicLeaders(ctx context.Context, topic string) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// topicServed reports whether the metadata shows a leader for every partition of topic and every
+// leader answers a ListOffsets request for its partition.
+func (r *Router) topicServed(ctx context.Context, topic string) bool {
+	details, err := r.admin.ListTopics(ctx, topic)
+	if err != nil {
+		return false
+	}
+	d, ok := details[topic]
+	if !ok || d.Err != nil || len(d.Partitions) == 0 {
+		return false
+	}
+	for _, p := range d.Partitions {
+		if p.Err != nil || p.Leader < 0 {
+			return false
+		}
+	}
+	ends, err := r.admin.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return false
+	}
+	served := 0
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			served++
+		}
+	})
+	return served == len(d.Partitions)
 }
 
 // errTopicSetupTimeout replaces a context deadline in topic set-up errors.
