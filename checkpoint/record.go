@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -39,6 +40,10 @@ type Record struct {
 	// position the stream reached with nothing in flight): every transaction whose commit record
 	// begins before it is in Kafka.
 	LSN LSN `json:"lsn"`
+	// Timeline is the timeline of the server the slot streamed from when the record was written (zero
+	// in records of versions that did not write it). After a failover it tells how far the new
+	// primary's WAL is the same as the one the checkpoint counted in.
+	Timeline uint32 `json:"timeline,omitempty"`
 	// Transactions and Records count what the Kafka transaction holds (informational).
 	Transactions int `json:"transactions"`
 	Records      int `json:"records"`
@@ -84,21 +89,95 @@ func AlreadyDelivered(commitLSN, checkpoint LSN) bool {
 // may never have reached Kafka.
 var ErrGap = errors.New("the replication slot is ahead of the last checkpoint in Kafka")
 
-// Start decides where the exactly-once mode resumes. slot is the slot's confirmed position; last is
-// the last committed checkpoint, or nil when none was ever written. It returns the position below
-// which transactions are skipped as already delivered (zero when none is), or an error wrapping
-// ErrGap when the slot is ahead of the checkpoint and acceptGap is false.
-func Start(slot LSN, last *Record, acceptGap bool) (skipBelow LSN, err error) {
-	if last == nil {
-		return 0, nil
+// TimelineEnd is one line of a server's timeline history: Timeline ended at End, where the server's
+// WAL continued on the next timeline (a promotion, or a recovery to a point in time).
+type TimelineEnd struct {
+	Timeline uint32
+	End      LSN
+}
+
+// ParseTimelineHistory parses a timeline history file (what TIMELINE_HISTORY returns): one line per
+// earlier timeline, "timeline<TAB>end LSN<TAB>reason"; blank lines and comments are skipped.
+func ParseTimelineHistory(content []byte) ([]TimelineEnd, error) {
+	var out []TimelineEnd
+	for i, line := range strings.Split(string(content), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			return nil, fmt.Errorf("timeline history line %d: %q has no end position", i+1, line)
+		}
+		tl, err := strconv.ParseUint(fields[0], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("timeline history line %d: timeline %q: %w", i+1, fields[0], err)
+		}
+		var end LSN
+		if err := end.UnmarshalText([]byte(fields[1])); err != nil {
+			return nil, fmt.Errorf("timeline history line %d: %w", i+1, err)
+		}
+		out = append(out, TimelineEnd{Timeline: uint32(tl), End: end})
 	}
-	if slot > last.LSN && !acceptGap {
-		return 0, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+
+	return out, nil
+}
+
+// Server is what the exactly-once mode knows of the server it resumes on: its current timeline and
+// that timeline's history (empty on timeline 1, or when the timeline did not change).
+type Server struct {
+	Timeline uint32
+	History  []TimelineEnd
+}
+
+// Resume is where the exactly-once mode resumes.
+type Resume struct {
+	// SkipBelow is the position below which transactions are already in Kafka (zero: none are).
+	SkipBelow LSN
+	// PhantomFrom and PhantomTo are set when the checkpoint was written on a timeline that ended on
+	// this server before the checkpoint's position: the old primary's WAL between them never reached
+	// this server, so Kafka holds events from there whose rows do not exist here (phantom events),
+	// and the positions from PhantomFrom on are this timeline's new transactions.
+	PhantomFrom, PhantomTo LSN
+	// Unrelated is set when the checkpoint's timeline is not in this server's history (a server
+	// restored from a backup, or one that is on an older timeline than the checkpoint): its position
+	// means nothing here, so nothing is skipped beyond the slot's own position.
+	Unrelated bool
+}
+
+// Start decides where the exactly-once mode resumes. slot is the slot's confirmed position; server is
+// the server's timeline and history; last is the last committed checkpoint, or nil when none was ever
+// written. A checkpoint written on an earlier timeline counts only up to where that timeline ended on
+// this server: past that point the same positions hold other transactions, which must not be taken
+// for delivered. It returns an error wrapping ErrGap when the slot is ahead of where the mode would
+// resume and acceptGap is false.
+func Start(slot LSN, server Server, last *Record, acceptGap bool) (Resume, error) {
+	if last == nil {
+		return Resume{}, nil
+	}
+	r := Resume{SkipBelow: last.LSN}
+	if last.Timeline != 0 && server.Timeline != 0 && last.Timeline != server.Timeline {
+		end, ok := LSN(0), false
+		if last.Timeline < server.Timeline {
+			for _, h := range server.History {
+				if h.Timeline == last.Timeline {
+					end, ok = h.End, true
+				}
+			}
+		}
+		switch {
+		case !ok:
+			return Resume{SkipBelow: slot, Unrelated: true}, nil
+		case end < last.LSN:
+			r = Resume{SkipBelow: end, PhantomFrom: end, PhantomTo: last.LSN}
+		}
+	}
+	if slot > r.SkipBelow && !acceptGap {
+		return Resume{}, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+
 			"The slot was dropped and created anew (also by a failover to a server that lacked it), advanced by hand, or used by another tool. Recover rows still in the outbox with `outbox-cdc resync`, "+
 			"or start with --accept-gap to stream from the slot's position and accept the gap",
-			ErrGap, slot, last.LSN, last.Written.UTC().Format(time.RFC3339), bytesString(uint64(slot-last.LSN)))
+			ErrGap, slot, r.SkipBelow, last.Written.UTC().Format(time.RFC3339), bytesString(uint64(slot-r.SkipBelow)))
 	}
-	return last.LSN, nil
+	return r, nil
 }
 
 func bytesString(n uint64) string {

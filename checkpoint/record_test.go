@@ -53,7 +53,8 @@ func TestExactlyOnceAcrossCrashes(t *testing.T) {
 			if restarts > 10*len(txs)+10 {
 				t.Fatalf("seed %d: no progress after %d restarts", seed, restarts)
 			}
-			skipBelow, err := Start(confirmed, checkpoint, false)
+			resume, err := Start(confirmed, Server{}, checkpoint, false)
+			skipBelow := resume.SkipBelow
 			if err != nil {
 				t.Fatalf("seed %d: restart %d: %v", seed, restarts, err)
 			}
@@ -154,7 +155,8 @@ func TestStartRefusesGap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			skip, err := Start(tt.slot, tt.last, tt.accept)
+			resume, err := Start(tt.slot, Server{}, tt.last, tt.accept)
+			skip := resume.SkipBelow
 			if (err != nil) != tt.wantError {
 				t.Fatalf("error %v, want error %v", err, tt.wantError)
 			}
@@ -193,5 +195,108 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 	if id := r.Slot.TransactionalID(); id != "outbox-cdc-7301/app/outbox_cdc" {
 		t.Fatalf("transactional id %q", id)
+	}
+}
+
+// TestStartAfterAFailover: a checkpoint written on an earlier timeline counts only up to where that
+// timeline ended on the promoted server. Beyond it, the checkpoint's transactions are phantoms and the
+// same positions hold the new timeline's transactions, which must be delivered.
+func TestStartAfterAFailover(t *testing.T) {
+	history := []TimelineEnd{{Timeline: 1, End: 0x4000}, {Timeline: 2, End: 0x7000}}
+	tests := []struct {
+		name       string
+		slot       LSN
+		server     Server
+		last       Record
+		want       Resume
+		wantGapErr bool
+	}{
+		{"same timeline", 0x3000, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x5000, Timeline: 2}, Resume{SkipBelow: 0x5000}, false},
+		{"checkpoint before the fork", 0x3000, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x3800, Timeline: 1}, Resume{SkipBelow: 0x3800}, false},
+		{"checkpoint at the fork", 0x3000, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x4000, Timeline: 1}, Resume{SkipBelow: 0x4000}, false},
+		{"checkpoint past the fork", 0x3000, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x5000, Timeline: 1}, Resume{SkipBelow: 0x4000, PhantomFrom: 0x4000, PhantomTo: 0x5000}, false},
+		{"two promotions", 0x3000, Server{Timeline: 3, History: history}, Record{LSN: 0x5000, Timeline: 1}, Resume{SkipBelow: 0x4000, PhantomFrom: 0x4000, PhantomTo: 0x5000}, false},
+		{"middle timeline", 0x6000, Server{Timeline: 3, History: history}, Record{LSN: 0x9000, Timeline: 2}, Resume{SkipBelow: 0x7000, PhantomFrom: 0x7000, PhantomTo: 0x9000}, false},
+		{"timeline not in the history", 0x3000, Server{Timeline: 3, History: history[:1]}, Record{LSN: 0x9000, Timeline: 2}, Resume{SkipBelow: 0x3000, Unrelated: true}, false},
+		{"server behind the checkpoint's timeline", 0x3000, Server{Timeline: 1}, Record{LSN: 0x9000, Timeline: 2}, Resume{SkipBelow: 0x3000, Unrelated: true}, false},
+		{"checkpoint without a timeline", 0x3000, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x5000}, Resume{SkipBelow: 0x5000}, false},
+		{"slot past the fork", 0x4800, Server{Timeline: 2, History: history[:1]}, Record{LSN: 0x5000, Timeline: 1}, Resume{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Start(tt.slot, tt.server, &tt.last, false)
+			if (err != nil) != tt.wantGapErr || (err != nil && !errors.Is(err, ErrGap)) {
+				t.Fatalf("error %v, want a gap error: %t", err, tt.wantGapErr)
+			}
+			if err == nil && got != tt.want {
+				t.Fatalf("resume %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestFailoverModel: random logs fork at a random position (the standby received the old primary's
+// WAL up to there), new transactions follow on the new timeline at positions the old one also used,
+// and the relay resumes from a checkpoint written anywhere on the old timeline with the slot anywhere
+// the standby had synchronized it. Every transaction of the new server's history must be delivered:
+// skipped only when the checkpoint holds it, never because its position is below the checkpoint's.
+func TestFailoverModel(t *testing.T) {
+	for seed := uint64(1); seed <= 2000; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*7919))
+		old := modelLog(rng, 2+rng.IntN(40))
+		cut := rng.IntN(len(old) + 1) // the standby has old[:cut]
+		fork := LSN(0x1000)
+		if cut > 0 {
+			fork = old[cut-1].end
+		}
+		// The new timeline continues at the fork with its own transactions.
+		fresh := modelLog(rng, 1+rng.IntN(40))
+		shift := fork - fresh[0].commit + LSN(rng.IntN(2))
+		for i := range fresh {
+			fresh[i].commit += shift
+			fresh[i].end += shift
+		}
+		// The checkpoint: the end of any old transaction (the relay streamed it before the failover).
+		cpAt := old[rng.IntN(len(old))].end
+		// The slot on the new server: synchronized at most up to the fork, at most the checkpoint.
+		slot := LSN(0x1000)
+		if cut > 0 {
+			slot = old[rng.IntN(cut)].end
+		}
+		slot = min(slot, cpAt)
+		last := &Record{LSN: cpAt, Timeline: 1}
+		resume, err := Start(slot, Server{Timeline: 2, History: []TimelineEnd{{Timeline: 1, End: fork}}}, last, false)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		newHistory := append(append([]modelTx{}, old[:cut]...), fresh...)
+		for i, tx := range newHistory {
+			if tx.commit < slot {
+				continue // PostgreSQL does not send it
+			}
+			inKafka := i < cut && tx.end <= cpAt
+			if skipped := AlreadyDelivered(tx.commit, resume.SkipBelow); skipped != inKafka {
+				t.Fatalf("seed %d: transaction %d at %s (fork %s, checkpoint %s): skipped %t, but in Kafka %t", seed, i, tx.commit, fork, cpAt, skipped, inKafka)
+			}
+		}
+		if cpAt > fork && (resume.PhantomFrom != fork || resume.PhantomTo != cpAt) {
+			t.Fatalf("seed %d: phantom range %s-%s, want %s-%s", seed, resume.PhantomFrom, resume.PhantomTo, fork, cpAt)
+		}
+	}
+}
+
+func TestParseTimelineHistory(t *testing.T) {
+	got, err := ParseTimelineHistory([]byte("1\t0/3000A28\tno recovery target specified\n\n2\t1/2000000\tbefore 2026-12-03\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []TimelineEnd{{1, 0x3000A28}, {2, 0x1_02000000}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for _, bad := range []string{"1", "x\t0/1", "1\tnot-an-lsn"} {
+		if _, err := ParseTimelineHistory([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
 	}
 }

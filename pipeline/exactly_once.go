@@ -22,6 +22,7 @@ import (
 type txnHandler struct {
 	handler
 	skipBelow  checkpoint.LSN
+	timeline   uint32                // the server's, written into every checkpoint
 	verified   func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
 	interval   time.Duration
 	clock      quietClock // quiet 0: no commit on a quiet stream
@@ -124,9 +125,9 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	if h.open != nil {
 		return errors.New("exactly-once: a Kafka transaction would end inside a PostgreSQL transaction")
 	}
-	cp := checkpoint.Record{LSN: h.lastEnd, Transactions: h.txns}
+	cp := checkpoint.Record{LSN: h.lastEnd, Transactions: h.txns, Timeline: h.timeline}
 	if h.records == 0 {
-		cp = checkpoint.Record{LSN: h.idlePosition()}
+		cp = checkpoint.Record{LSN: h.idlePosition(), Timeline: h.timeline}
 		if cp.LSN <= checkpoint.LSN(h.committed.Load()) {
 			return nil
 		}
@@ -158,9 +159,10 @@ func (h *txnHandler) finish(ctx context.Context, commit bool) (committed bool, e
 }
 
 // startExactlyOnce fences older instances of the slot, reads the last checkpoint and decides where
-// the session resumes: transactions below the returned position are already in Kafka. It refuses a
-// slot that stands ahead of the checkpoint unless the gap is accepted.
-func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
+// the session resumes: transactions below the returned position are already in Kafka. slot is the
+// slot's confirmed position and timeline the server's. It refuses a slot that stands ahead of the
+// checkpoint unless the gap is accepted.
+func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN, timeline uint32) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout+30*time.Second)
 	defer cancel()
 	if err := rt.Fence(fctx); err != nil {
@@ -170,13 +172,34 @@ func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot
 	if err != nil {
 		return 0, nil, &kafkaError{err}
 	}
-	skipBelow, err = checkpoint.Start(slot, last, p.acceptGap)
+	server := checkpoint.Server{Timeline: timeline}
+	if last != nil && last.Timeline != 0 && timeline > 1 && last.Timeline != timeline {
+		// A failover (or a recovery to a point in time) since the checkpoint: where did its timeline end?
+		content, err := replication.TimelineHistory(ctx, p.cfg.Postgres.URL, timeline)
+		if err != nil {
+			return 0, nil, err
+		}
+		if server.History, err = checkpoint.ParseTimelineHistory(content); err != nil {
+			return 0, nil, err
+		}
+	}
+	resume, err := checkpoint.Start(slot, server, last, p.acceptGap)
 	if err != nil {
 		return 0, nil, err
 	}
 	switch {
 	case last == nil:
 		p.log.Info("exactly-once: no checkpoint in Kafka yet; starting from the slot", "slot_lsn", slot.String(), "checkpoint_topic", p.cfg.Kafka.CheckpointTopic)
+	case resume.PhantomTo != 0:
+		p.log.Error("exactly-once: the last checkpoint is past the point where its timeline ended on this server: this server was promoted without the previous primary's WAL from there on. "+
+			"Kafka holds events of transactions in that range whose rows do not exist here (phantom events); this timeline's own transactions from that point on are delivered. "+
+			"Set synchronized_standby_slots on the primary so that the router never receives what a standby lacks (see `outbox-cdc status --standby`)",
+			"timeline", last.Timeline, "timeline_end", resume.PhantomFrom.String(), "checkpoint_lsn", last.LSN.String(), "server_timeline", timeline,
+			"phantom_wal_bytes", uint64(resume.PhantomTo-resume.PhantomFrom))
+	case resume.Unrelated:
+		p.log.Warn("exactly-once: the last checkpoint was written on a timeline that is not in this server's history (a server restored from a backup?); "+
+			"resuming from the slot's position: records may be delivered twice",
+			"checkpoint_timeline", last.Timeline, "server_timeline", timeline, "checkpoint_lsn", last.LSN.String(), "slot_lsn", slot.String())
 	case slot > last.LSN:
 		p.log.Warn("exactly-once: the slot is ahead of the last checkpoint and --accept-gap is set: events between them may never have reached Kafka",
 			"slot_lsn", slot.String(), "checkpoint_lsn", last.LSN.String())
@@ -187,5 +210,5 @@ func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot
 	if last != nil {
 		p.obs.markCheckpoint(last.LSN)
 	}
-	return skipBelow, last, nil
+	return resume.SkipBelow, last, nil
 }

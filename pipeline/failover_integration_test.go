@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -50,13 +48,7 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 		_, err = conn.Exec(ctx, sql)
 		return err
 	}
-	script, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "sql", "outbox.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := exec(primary.URL, string(script)); err != nil {
-		t.Fatalf("apply sql/outbox.sql: %v", err)
-	}
+	applyOutboxSQL(t, ctx, primary.URL)
 	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on")
 	if synchronizedStandbySlots {
 		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
@@ -133,27 +125,7 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	wg.Wait()
 
 	// What the promoted server holds is the truth.
-	conn, err := pgx.Connect(ctx, standby.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT event_id::text, event_type, aggregate_type, aggregate_id, aggregate_version, payload::text, COALESCE(headers::text, '')
-		FROM public.outbox ORDER BY aggregate_id, aggregate_version`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (testenv.Event, error) {
-		var e testenv.Event
-		err := r.Scan(&e.ID, &e.Type, &e.AggType, &e.AggID, &e.Version, &e.Payload, &e.Headers)
-		return e, err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(want) == 0 {
-		t.Fatal("no rows on the promoted server")
-	}
+	want := readOutbox(t, ctx, standby.URL)
 	got := testenv.ConsumeDistinct(t, cfg.Kafka.Brokers, []string{prefix + ".Placed", prefix + ".Paid"}, len(want), 2*time.Minute)
 	inTable := make(map[string]bool, len(want))
 	for _, e := range want {

@@ -267,15 +267,16 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	if cfg.Kafka.ExactlyOnce() {
 		// Fence and read the checkpoint before taking the slot: no older instance can commit after
 		// the read, and the walsender is not kept waiting meanwhile.
-		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush)
+		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush, res.Timeline)
 		if err != nil {
 			return err // the catalog connection is the verifier's, closed with it
 		}
-		eos = &txnHandler{skipBelow: skipBelow, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
+		eos = &txnHandler{skipBelow: skipBelow, timeline: res.Timeline, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		if last != nil {
-			eos.committed.Store(uint64(last.LSN))
+			// What Kafka holds on this server's timeline: after a failover, less than the checkpoint.
+			eos.committed.Store(uint64(skipBelow))
 		}
 		confirmLimit = eos.confirmLimit
 		h = eos

@@ -148,7 +148,11 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}
 	_ = repl.Close(ctx)
 
-	if err := p.publishSnapshot(ctx, snap, o, cp, res); err != nil {
+	tl, err := cat.Timeline(ctx) // for the snapshot's checkpoint
+	if err != nil {
+		tl = 0 // unknown: a later failover then cannot be told from the checkpoint
+	}
+	if err := p.publishSnapshot(ctx, snap, o, cp, tl, res); err != nil {
 		return err
 	}
 	return cat.DropResyncMarker(ctx, cfg.Postgres.Slot)
@@ -166,7 +170,7 @@ func (o ResyncOptions) filter() replication.SnapshotFilter {
 
 // publishSnapshot reads the snapshot's rows and delivers them; it returns once every one is
 // acknowledged.
-func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, res *ResyncResult) error {
+func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, timeline uint32, res *ResyncResult) error {
 	total, err := snap.Count(ctx, p.outbox(), p.snapshotColumns(), o.filter())
 	if err != nil {
 		return err
@@ -232,7 +236,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	if eos {
 		// The last snapshot transaction ends with a checkpoint at the slot's consistent point, where
 		// run resumes: the slot is then not ahead of the checkpoint.
-		if err := rt.Commit(ctx, checkpoint.Record{LSN: cp, Records: int(sent)}); err != nil {
+		if err := rt.Commit(ctx, checkpoint.Record{LSN: cp, Records: int(sent), Timeline: timeline}); err != nil {
 			return fmt.Errorf("publish snapshot: %w", err)
 		}
 	}

@@ -115,6 +115,8 @@ type SetupResult struct {
 	// Warnings are things the operator should know that do not stop the router (a missing optional
 	// column, a publication row filter).
 	Warnings []string
+	// Timeline is the server's current timeline (zero when it could not be read).
+	Timeline uint32
 }
 
 // Setup checks everything the stream needs and creates the publication and the slot when allowed:
@@ -192,6 +194,9 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		}
 	}
 	res.Slot = slot
+	if tl, err := c.Timeline(ctx); err == nil {
+		res.Timeline = tl
+	}
 	return res, slot.usable(o.Slot)
 }
 

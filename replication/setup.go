@@ -93,3 +93,18 @@ func Identify(ctx context.Context, url string) (systemID, database string, err e
 	}
 	return res.SystemID, res.DBName, nil
 }
+
+// TimelineHistory returns the history file of the server's timeline tl (TIMELINE_HISTORY over a
+// replication connection): where each earlier timeline ended. Timeline 1 has none.
+func TimelineHistory(ctx context.Context, url string, tl uint32) ([]byte, error) {
+	conn, err := Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(tl))
+	if err != nil {
+		return nil, fmt.Errorf("read the history of timeline %d: %w", tl, err)
+	}
+	return res.Content, nil
+}

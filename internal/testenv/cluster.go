@@ -22,6 +22,15 @@ func TempCluster(t testing.TB, settings ...string) string {
 	return NewCluster(t, settings...).URL
 }
 
+// TB is what the cluster helpers need of a test. testing.TB has it; so may a program (the chaos
+// suite's failover fault), whose Fatalf must not return.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
 // Cluster is a throw-away PostgreSQL cluster of a test.
 type Cluster struct {
 	// URL is a superuser URL; Port its port.
@@ -51,7 +60,7 @@ func (c *Cluster) pgCtl(args ...string) *exec.Cmd {
 
 // Restart restarts the cluster with pg_ctl -m mode (fast, immediate) and returns how long the
 // shutdown and start took; it fails the test if that exceeds timeout.
-func (c *Cluster) Restart(t testing.TB, mode string, timeout time.Duration) time.Duration {
+func (c *Cluster) Restart(t TB, mode string, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	out, err := c.pgCtl("-D", c.data, "-m", mode, "-w", "-t", fmt.Sprint(int(timeout.Seconds())), "-l", filepath.Join(c.data, "server.log"), "restart").CombinedOutput()
@@ -64,7 +73,7 @@ func (c *Cluster) Restart(t testing.TB, mode string, timeout time.Duration) time
 }
 
 // Stop stops the cluster with pg_ctl -m mode (fast, immediate).
-func (c *Cluster) Stop(t testing.TB, mode string) {
+func (c *Cluster) Stop(t TB, mode string) {
 	t.Helper()
 	if out, err := c.pgCtl("-D", c.data, "-m", mode, "-w", "stop").CombinedOutput(); err != nil {
 		t.Fatalf("pg_ctl stop -m %s: %v\n%s", mode, err, out)
@@ -72,7 +81,7 @@ func (c *Cluster) Stop(t testing.TB, mode string) {
 }
 
 // Start starts a stopped cluster.
-func (c *Cluster) Start(t testing.TB) {
+func (c *Cluster) Start(t TB) {
 	t.Helper()
 	if out, err := c.pgCtl("-D", c.data, "-l", filepath.Join(c.data, "server.log"), "-w", "-t", "60", "start").CombinedOutput(); err != nil {
 		t.Fatalf("start the temporary cluster: %v\n%s\n%s", err, out, c.Log())
@@ -80,7 +89,7 @@ func (c *Cluster) Start(t testing.TB) {
 }
 
 // Promote promotes a standby and waits until it takes writes.
-func (c *Cluster) Promote(t testing.TB) {
+func (c *Cluster) Promote(t TB) {
 	t.Helper()
 	if out, err := c.pgCtl("-D", c.data, "-w", "-t", "60", "promote").CombinedOutput(); err != nil {
 		t.Fatalf("pg_ctl promote: %v\n%s", err, out)
@@ -102,7 +111,7 @@ func NewCluster(t testing.TB, settings ...string) *Cluster {
 // ServerBinaries returns the server binaries of a PostgreSQL version and the directory of their
 // libraries: Debian's for 15 (PG_BIN overrides), else the npm build scripts/services.sh fetches
 // (once) for 14, 16, 17 and 18.
-func ServerBinaries(t testing.TB, version string) (bin, lib string) {
+func ServerBinaries(t TB, version string) (bin, lib string) {
 	t.Helper()
 	if version == "15" {
 		bin = os.Getenv("PG_BIN")
@@ -130,9 +139,11 @@ func ServerBinaries(t testing.TB, version string) (bin, lib string) {
 
 // NewClusterOf starts a throw-away cluster of a PostgreSQL version (see ServerBinaries) with the
 // given postgresql.conf lines, stopped when the test ends.
-func NewClusterOf(t testing.TB, version string, settings ...string) *Cluster {
+func NewClusterOf(t TB, version string, settings ...string) *Cluster {
 	t.Helper()
-	requireIntegration(t)
+	if tb, ok := t.(testing.TB); ok {
+		requireIntegration(tb)
+	}
 	bin, lib := ServerBinaries(t, version)
 	dir, err := os.MkdirTemp("", "outbox-cdc-cluster")
 	if err != nil {
@@ -156,7 +167,7 @@ func NewClusterOf(t testing.TB, version string, settings ...string) *Cluster {
 
 // configure gives the cluster a free port and its own socket directory, and appends lines to its
 // postgresql.conf (later lines win).
-func (c *Cluster) configure(t testing.TB, lines []string) {
+func (c *Cluster) configure(t TB, lines []string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -168,7 +179,7 @@ func (c *Cluster) configure(t testing.TB, lines []string) {
 	c.appendConf(t, append([]string{fmt.Sprintf("port = %d", c.Port), fmt.Sprintf("unix_socket_directories = '%s'", c.data)}, lines...)...)
 }
 
-func (c *Cluster) appendConf(t testing.TB, lines ...string) {
+func (c *Cluster) appendConf(t TB, lines ...string) {
 	t.Helper()
 	cmd := c.asPG("sh", "-c", fmt.Sprintf("cat >> %s/postgresql.conf", c.data))
 	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
@@ -181,7 +192,7 @@ func (c *Cluster) appendConf(t testing.TB, lines ...string) {
 // cleanly, its data directory copied, the copy given standby.signal, primary_conninfo (with dbname),
 // primary_slot_name = physicalSlot (created on c first) and the given settings, and both started.
 // The standby is stopped when the test ends.
-func (c *Cluster) Standby(t testing.TB, physicalSlot string, settings ...string) *Cluster {
+func (c *Cluster) Standby(t TB, physicalSlot string, settings ...string) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

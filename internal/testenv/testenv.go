@@ -24,7 +24,7 @@ import (
 const startHint = "start the local services with `make up` (scripts/services.sh up), or set OUTBOX_CDC_POSTGRES and OUTBOX_CDC_BROKERS"
 
 // RepoRoot returns the repository's root directory (the one holding go.mod).
-func RepoRoot(t testing.TB) string {
+func RepoRoot(t TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {

@@ -1,0 +1,238 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// TestFailoverWithALaggingStandby: on PostgreSQL 17, the standby's WAL stream is frozen (a black hole
+// between it and the primary) while transactions commit on the primary; then the primary dies and the
+// standby is promoted without them, and new transactions commit on the promoted server. What the
+// router published from the frozen window is in Kafka but not in the database: phantom events.
+//
+//   - Without synchronized_standby_slots the router receives and publishes the frozen window: every
+//     one of its events is a phantom. This is what `status` warns about.
+//   - With synchronized_standby_slots naming the standby's slot, the walsender holds the window back
+//     until the standby has it: nothing reaches Kafka that the promoted server lacks.
+//
+// Either way, every row on the promoted server reaches Kafka, in order per aggregate: in particular
+// the transactions committed after the promotion, whose positions on the new timeline lie below
+// where the router stood on the old one (the exactly-once mode must not take them for delivered).
+func TestFailoverWithALaggingStandby(t *testing.T) {
+	for _, synced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("synchronized_standby_slots=%t", synced), func(t *testing.T) { testFailoverWithALaggingStandby(t, synced) })
+	}
+}
+
+func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
+	exec := func(url string, sql string, args ...any) error {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql, args...)
+		return err
+	}
+	applyOutboxSQL(t, ctx, primary.URL)
+	// The standby reaches the primary through a proxy that can freeze its WAL stream.
+	proxy := testenv.NewProxy(t, fmt.Sprintf("127.0.0.1:%d", primary.Port))
+	_, proxyPort, _ := strings.Cut(proxy.Addr(), ":")
+	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on",
+		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%s user=postgres dbname=postgres'", proxyPort))
+	if synchronizedStandbySlots {
+		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
+			if err := exec(primary.URL, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
+	prefix := fmt.Sprintf("t.lagging-%x", time.Now().UnixNano()&0xffffff)
+	topics := []string{prefix + ".Placed", prefix + ".Paid"}
+	cfg := config.Default()
+	cfg.Postgres.URL, cfg.Kafka.Brokers = both, testenv.Brokers(t)
+	cfg.Postgres.StatusInterval = time.Second
+	cfg.Routing.Topic = prefix + ".{event_type}"
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
+	run := startPipeline(t, cfg)
+
+	gen := testenv.NewGenerator(5, "Placed", "Paid")
+	batch := func(url string, n int) []testenv.Event {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var all []testenv.Event
+		for i := 0; i < n; i += 5 {
+			evs := []testenv.Event{gen.Event(i), gen.Event(i + 1), gen.Event(i + 2), gen.Event(i + 3), gen.Event(i + 4)}
+			if err := testenv.InsertTx(ctx, conn, "public.outbox", evs, false); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, evs...)
+		}
+		return all
+	}
+	has := func(recs []*kgo.Record, evs []testenv.Event) int {
+		ids := map[string]bool{}
+		for _, r := range recs {
+			ids[testenv.Header(r, "event_id")] = true
+		}
+		n := 0
+		for _, e := range evs {
+			if ids[e.ID] {
+				n++
+			}
+		}
+		return n
+	}
+
+	// Before: delivered, replayed on the standby, and the slot synchronized there.
+	before := batch(primary.URL, 100)
+	testenv.ConsumeUntil(t, cfg.Kafka.Brokers, topics, func(r []*kgo.Record) bool { return has(r, before) == len(before) }, time.Minute)
+	testenv.WaitFor(t, 2*time.Minute, "the standby caught up and the slot synchronized to it, no longer temporary", func() bool {
+		_ = exec(primary.URL, "SELECT pg_log_standby_snapshot()")
+		conn, err := pgx.Connect(ctx, standby.URL)
+		if err != nil {
+			return false
+		}
+		defer conn.Close(ctx)
+		var ready bool
+		err = conn.QueryRow(ctx, `SELECT s.synced AND NOT s.temporary AND pg_last_wal_replay_lsn() >= $2::pg_lsn
+			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot, primaryLSN(t, ctx, primary.URL)).Scan(&ready)
+		return err == nil && ready
+	})
+
+	// The window: the standby's WAL stream is frozen while transactions commit on the primary.
+	if n := proxy.BlackHole(); n == 0 {
+		t.Fatal("no standby connection through the proxy to freeze")
+	}
+	window := batch(primary.URL, 50)
+	if synchronizedStandbySlots {
+		time.Sleep(3 * time.Second)
+	} else {
+		testenv.ConsumeUntil(t, cfg.Kafka.Brokers, topics, func(r []*kgo.Record) bool { return has(r, window) == len(window) }, time.Minute)
+	}
+	primary.Stop(t, "immediate")
+	standby.Promote(t)
+
+	// After: transactions on the promoted server, on the new timeline.
+	after := batch(standby.URL, 100)
+	got := testenv.ConsumeUntil(t, cfg.Kafka.Brokers, topics, func(r []*kgo.Record) bool { return has(r, after) == len(after) }, 2*time.Minute)
+	if n := has(got, after); n < len(after) {
+		t.Errorf("%d of %d events committed on the promoted server reached Kafka: the rest are lost", n, len(after))
+	}
+
+	want := readOutbox(t, ctx, standby.URL)
+	inTable := make(map[string]bool, len(want))
+	for _, e := range want {
+		inTable[e.ID] = true
+	}
+	var real []*kgo.Record
+	phantoms := map[string]bool{}
+	for _, r := range got {
+		if id := testenv.Header(r, "event_id"); !inTable[id] {
+			phantoms[id] = true
+			continue
+		}
+		real = append(real, r)
+	}
+	t.Logf("synchronized_standby_slots set: %t; %d events committed while the standby was frozen; phantom events (in Kafka, not on the promoted server): %d",
+		synchronizedStandbySlots, len(window), len(phantoms))
+	if synchronizedStandbySlots && len(phantoms) > 0 {
+		t.Errorf("%d phantom events with synchronized_standby_slots set", len(phantoms))
+	}
+	if !synchronizedStandbySlots && len(phantoms) != len(window) {
+		t.Errorf("without synchronized_standby_slots, expected the %d events of the frozen window as phantoms, found %d", len(window), len(phantoms))
+	}
+	rep := testenv.CheckDelivery(prefix, want, real)
+	for i, p := range rep.Problems {
+		if i == 30 {
+			t.Errorf("... and %d more", len(rep.Problems)-30)
+			break
+		}
+		t.Error(p)
+	}
+	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong",
+		len(want), len(got), rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
+	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("stop: %v", err)
+	}
+}
+
+// applyOutboxSQL runs sql/outbox.sql on the server at url.
+func applyOutboxSQL(t *testing.T, ctx context.Context, url string) {
+	t.Helper()
+	script, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "sql", "outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, string(script)); err != nil {
+		t.Fatalf("apply sql/outbox.sql: %v", err)
+	}
+}
+
+// primaryLSN is the server's current WAL write position.
+func primaryLSN(t *testing.T, ctx context.Context, url string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var lsn string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// readOutbox reads public.outbox on the server at url, in order per aggregate: what a promoted server
+// holds is the truth a failover test checks Kafka against.
+func readOutbox(t *testing.T, ctx context.Context, url string) []testenv.Event {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT event_id::text, event_type, aggregate_type, aggregate_id, aggregate_version, payload::text, COALESCE(headers::text, '')
+		FROM public.outbox ORDER BY aggregate_id, aggregate_version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (testenv.Event, error) {
+		var e testenv.Event
+		err := r.Scan(&e.ID, &e.Type, &e.AggType, &e.AggID, &e.Version, &e.Payload, &e.Headers)
+		return e, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) == 0 {
+		t.Fatal("no rows on the server")
+	}
+	return want
+}
