@@ -165,16 +165,18 @@ func NewClusterOf(t TB, version string, settings ...string) *Cluster {
 	return c
 }
 
-// configure gives the cluster a free port and its own socket directory, and appends lines to its
+// configure gives the cluster a free port (unless it has one) and its own socket directory, and appends lines to its
 // postgresql.conf (later lines win).
 func (c *Cluster) configure(t TB, lines []string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if c.Port == 0 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Port = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
 	}
-	c.Port = ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", c.Port)
 	c.appendConf(t, append([]string{fmt.Sprintf("port = %d", c.Port), fmt.Sprintf("unix_socket_directories = '%s'", c.data)}, lines...)...)
 }
@@ -193,6 +195,13 @@ func (c *Cluster) appendConf(t TB, lines ...string) {
 // primary_slot_name = physicalSlot (created on c first) and the given settings, and both started.
 // The standby is stopped when the test ends.
 func (c *Cluster) Standby(t TB, physicalSlot string, settings ...string) *Cluster {
+	t.Helper()
+	return c.StandbyOn(t, 0, physicalSlot, settings...)
+}
+
+// StandbyOn is Standby on a given port (0: a free one): a failed primary's port, so that a
+// multi-host URL written for the first pair keeps naming every server.
+func (c *Cluster) StandbyOn(t TB, port int, physicalSlot string, settings ...string) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -215,6 +224,7 @@ func (c *Cluster) Standby(t TB, physicalSlot string, settings ...string) *Cluste
 	if out, err := c.asPG("touch", filepath.Join(sb.data, "standby.signal")).CombinedOutput(); err != nil {
 		t.Fatalf("standby.signal: %v\n%s", err, out)
 	}
+	sb.Port = port
 	sb.configure(t, append([]string{
 		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=postgres'", c.Port),
 		fmt.Sprintf("primary_slot_name = '%s'", physicalSlot),

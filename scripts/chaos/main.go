@@ -10,6 +10,7 @@
 //	go run ./scripts/chaos                 # short mode: about two and a half minutes of faults
 //	go run ./scripts/chaos -delivery exactly-once   # the same in exactly-once mode: any duplicate fails
 //	go run ./scripts/chaos -long           # 1,000,000 events, 50 kills, 5 broker and 3 PostgreSQL restarts, 10 network faults
+//	go run ./scripts/chaos -failover 3     # three primary failovers on a PostgreSQL 17 primary and standby (failover.go)
 package main
 
 import (
@@ -49,6 +50,7 @@ type options struct {
 	minimum     map[string]int
 	recoverWait time.Duration
 	delivery    string
+	failover    int
 }
 
 func main() {
@@ -61,6 +63,7 @@ func main() {
 	flag.StringVar(&o.binary, "binary", "bin/outbox-cdc", "the outbox-cdc binary")
 	flag.DurationVar(&o.recoverWait, "recover-timeout", 2*time.Minute, "longest wait for the router to catch up after a fault")
 	flag.StringVar(&o.delivery, "delivery", "at-least-once", "kafka.delivery of the router: at-least-once, or exactly-once (read back with read_committed; any duplicate fails the run)")
+	flag.IntVar(&o.failover, "failover", 0, "instead of the other faults, this many primary failovers on a PostgreSQL 17 primary and standby of the run's own")
 	flag.Parse()
 	if o.delivery != "at-least-once" && o.delivery != "exactly-once" {
 		fmt.Fprintln(os.Stderr, "chaos: -delivery must be at-least-once or exactly-once")
@@ -69,6 +72,9 @@ func main() {
 	if *long {
 		o.duration, o.events, o.every, o.rate = 0, 1_000_000, 7*time.Second, 1500
 		o.minimum = map[string]int{"kill": 50, "term": 5, "kafka": 5, "pg_fast": 2, "pg_immediate": 1, "cut": 5, "blackhole": 5}
+	}
+	if o.failover > 0 {
+		o.duration, o.minimum = 0, map[string]int{"failover": o.failover}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -117,6 +123,11 @@ type suite struct {
 	logPath               string
 	mu                    sync.Mutex
 	committed             [][]testenv.Event // per writer, in commit order
+	txids                 [][]string        // per writer, each committed event's transaction id
+	kinds                 []string          // the run's fault kinds
+	clusters              *clusters         // the failover run's servers
+	primary, standby      *testenv.Cluster
+	standbys              int
 	faults                map[string]int
 	recoveries            []time.Duration
 	unrecovered           []string
@@ -129,20 +140,32 @@ func run(ctx context.Context, o options) (bool, error) {
 	}
 	id := fmt.Sprintf("%x", time.Now().Unix())
 	s := &suite{o: o, pgURL: e["OUTBOX_CDC_POSTGRES"], adminURL: e["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], brokers: strings.Split(e["OUTBOX_CDC_BROKERS"], ","),
-		table: "public.chaos_" + id, pub: "chaos_" + id, slot: "chaos_" + id, pfx: "chaos-" + id, faults: map[string]int{}}
+		table: "public.chaos_" + id, pub: "chaos_" + id, slot: "chaos_" + id, pfx: "chaos-" + id, faults: map[string]int{}, kinds: kinds}
 	if err := os.MkdirAll(".dev/chaos", 0o755); err != nil {
 		return false, err
 	}
 	s.logPath = filepath.Join(".dev/chaos", id+".router.log")
+	if o.failover > 0 {
+		s.kinds = failoverKinds
+		err := s.startPair(ctx)
+		if s.clusters != nil {
+			defer s.clusters.close()
+		}
+		if err != nil {
+			return false, fmt.Errorf("start a PostgreSQL 17 primary and standby: %w", err)
+		}
+	}
 	if err := s.setup(ctx); err != nil {
 		return false, err
 	}
 	defer s.cleanup()
-	host := strings.Split(strings.SplitN(s.pgURL, "@", 2)[1], "/")[0]
-	if s.proxy, err = faultnet.Start(host); err != nil {
-		return false, err
+	if o.failover == 0 {
+		host := strings.Split(strings.SplitN(s.pgURL, "@", 2)[1], "/")[0]
+		if s.proxy, err = faultnet.Start(host); err != nil {
+			return false, err
+		}
+		defer s.proxy.Close()
 	}
-	defer s.proxy.Close()
 	if s.router, err = s.startRouter(); err != nil {
 		return false, err
 	}
@@ -154,7 +177,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	start := time.Now()
 	wctx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
-	s.committed = make([][]testenv.Event, 2)
+	s.committed, s.txids = make([][]testenv.Event, 2), make([][]string, 2)
 	for w := 0; w < 2; w++ {
 		writers.Add(1)
 		go func() {
@@ -186,10 +209,41 @@ func run(ctx context.Context, o options) (bool, error) {
 	final := s.currentLSN(context.Background())
 	caughtUp := s.waitCaughtUp(context.Background(), final, o.recoverWait)
 	var want []testenv.Event
-	for _, w := range s.committed {
-		want = append(want, w...)
+	lostAcked := 0
+	var survived map[string]bool
+	if o.failover > 0 {
+		if survived, err = s.survivors(context.Background()); err != nil {
+			return false, fmt.Errorf("read the last primary's transactions: %w", err)
+		}
+	}
+	for w, evs := range s.committed {
+		for i, e := range evs {
+			if survived != nil && !survived[s.txids[w][i]] {
+				lostAcked++ // acknowledged by a primary that died before its standby had it
+				continue
+			}
+			want = append(want, e)
+		}
 	}
 	got := s.consume(want)
+	phantoms := 0
+	if o.failover > 0 {
+		// Events in Kafka whose transaction the last primary lacks.
+		wanted := make(map[string]bool, len(want))
+		for _, e := range want {
+			wanted[e.ID] = true
+		}
+		seen := map[string]bool{}
+		var real []*kgo.Record
+		for _, r := range got {
+			if id := testenv.Header(r, "event_id"); !wanted[id] {
+				seen[id] = true
+				continue
+			}
+			real = append(real, r)
+		}
+		phantoms, got = len(seen), real
+	}
 	rep := testenv.CheckDelivery(s.pfx, want, got)
 	s.router.stop(syscall.SIGTERM)
 
@@ -199,7 +253,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		median, worst = s.recoveries[n/2], s.recoveries[n-1]
 	}
 	var counts []string
-	for _, k := range kinds {
+	for _, k := range s.kinds {
 		counts = append(counts, fmt.Sprintf("%s:%d", k, s.faults[k]))
 	}
 	fmt.Printf("chaos: delivery=%s events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=%s recovery_median=%s recovery_max=%s unrecovered=%d duration=%s\n",
@@ -212,13 +266,16 @@ func run(ctx context.Context, o options) (bool, error) {
 		}
 		fmt.Println("  " + p)
 	}
+	if o.failover > 0 {
+		fmt.Printf("  failover: phantom_events=%d acknowledged_commits_lost_with_a_primary=%d (asynchronous physical replication; not in the database, so not expected in Kafka)\n", phantoms, lostAcked)
+	}
 	for _, u := range s.unrecovered {
 		fmt.Println("  not recovered: " + u)
 	}
 	if caughtUp != nil {
 		fmt.Println("  at the end: " + caughtUp.Error())
 	}
-	ok := rep.Missing == 0 && rep.OrderViolations == 0 && rep.Wrong == 0 && len(s.unrecovered) == 0 && caughtUp == nil
+	ok := rep.Missing == 0 && rep.OrderViolations == 0 && rep.Wrong == 0 && len(s.unrecovered) == 0 && caughtUp == nil && phantoms == 0
 	if o.delivery == "exactly-once" && rep.Duplicates > 0 {
 		fmt.Printf("  exactly-once: a read_committed consumer saw %d duplicates\n", rep.Duplicates)
 		ok = false
@@ -252,9 +309,9 @@ func (s *suite) done(start time.Time) bool {
 // faultBag is a shuffled round of faults: every kind once, plus what the minimums still need in
 // proportion (kills dominate a long run).
 func (s *suite) faultBag() []string {
-	bag := slices.Clone(kinds)
+	bag := slices.Clone(s.kinds)
 	for k, min := range s.o.minimum {
-		for i := s.faults[k] + 1; i < min && len(bag) < 40; i += len(kinds) {
+		for i := s.faults[k] + 1; i < min && len(bag) < 40; i += len(s.kinds) {
 			bag = append(bag, k)
 		}
 	}
@@ -290,6 +347,8 @@ func (s *suite) inject(ctx context.Context, kind string) error {
 		s.proxy.Cut()
 	case "blackhole":
 		s.proxy.BlackHole()
+	case "failover":
+		err = s.failover(ctx)
 	}
 	if err != nil {
 		return err
@@ -440,6 +499,9 @@ func (s *suite) write(ctx context.Context, w int) {
 		if committed {
 			s.mu.Lock()
 			s.committed[w] = append(s.committed[w], evs...)
+			for range evs {
+				s.txids[w] = append(s.txids[w], txid)
+			}
 			s.mu.Unlock()
 		}
 		time.Sleep(pause)
@@ -532,9 +594,12 @@ type routerProc struct {
 }
 
 func (s *suite) startRouter() (*routerProc, error) {
-	proxied, err := s.proxy.URL(s.pgURL)
-	if err != nil {
-		return nil, err
+	proxied := s.pgURL
+	if s.proxy != nil {
+		var err error
+		if proxied, err = s.proxy.URL(s.pgURL); err != nil {
+			return nil, err
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
