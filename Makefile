@@ -31,9 +31,12 @@ run: build up
 	exec ./$(BIN) run
 
 # The whole suite: unit tests, then integration tests against the real services (started if needed);
-# then the integration suites again with the router in exactly-once mode.
+# then the integration suites again with the router in exactly-once mode. Nested modules (interop/*:
+# tests against other projects' libraries, kept out of outbox-cdc's dependencies) run after the main one.
+INTEROP := interop/cloudevents
 test: up vet
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
+	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
@@ -51,6 +54,7 @@ test-unit: ## unit tests only (no services)
 
 vet:
 	$(GO) vet ./...
+	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) vet ./...); done
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
 bench: build up ## drain a backlog, the latency curve against the floor, throughput by payload and transaction size: print the tables

@@ -128,6 +128,13 @@ type Kafka struct {
 	// TransactionTimeout is the Kafka transaction timeout (transaction.timeout.ms): the broker aborts a
 	// transaction left open longer, and it must cover the largest PostgreSQL transaction's delivery.
 	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
+	// HeaderFormat is how a record carries its event's attributes: HeaderFormatOutbox (headers
+	// event_id, event_type, aggregate_type, aggregate_version, created_at) or HeaderFormatCloudEvents
+	// (the CloudEvents Kafka binding in binary mode: ce_* headers and content-type).
+	HeaderFormat string `yaml:"header_format"`
+	// CloudEventsSource is the ce_source attribute in the cloudevents format; empty means
+	// /<database>/<postgres.table>.
+	CloudEventsSource string `yaml:"cloudevents_source"`
 	// TLS and SASL secure the connections to the brokers.
 	TLS KafkaTLS `yaml:"tls"`
 	// SASL authenticates to the brokers.
@@ -141,6 +148,14 @@ const (
 	// DeliveryExactlyOnce produces in Kafka transactions with a checkpoint: read_committed consumers see
 	// every event exactly once.
 	DeliveryExactlyOnce = "exactly-once"
+)
+
+// The values of kafka.header_format.
+const (
+	// HeaderFormatOutbox carries the event's attributes in headers named after the outbox columns.
+	HeaderFormatOutbox = "outbox"
+	// HeaderFormatCloudEvents carries them as CloudEvents attributes (Kafka binding, binary mode).
+	HeaderFormatCloudEvents = "cloudevents"
 )
 
 // ExactlyOnce reports whether kafka.delivery is exactly-once.
@@ -245,6 +260,7 @@ func Default() Config {
 			QuietFlush:             time.Millisecond,
 			AckTimeout:             10 * time.Second,
 			Delivery:               DeliveryAtLeastOnce,
+			HeaderFormat:           HeaderFormatOutbox,
 			CheckpointTopic:        "outbox-cdc.checkpoints",
 			TransactionInterval:    25 * time.Millisecond,
 			TransactionMaxRecords:  10000,
@@ -379,6 +395,18 @@ func (c *Config) Validate() error {
 	if c.Kafka.AckTimeout != 0 && c.Kafka.AckTimeout < time.Second {
 		bad("kafka.ack_timeout", "must be 0 (never release) or at least 1s, got %s", c.Kafka.AckTimeout)
 	}
+	switch c.Kafka.HeaderFormat {
+	case HeaderFormatOutbox:
+		if c.Kafka.CloudEventsSource != "" {
+			bad("kafka.cloudevents_source", "is set but kafka.header_format is %s, not %s", c.Kafka.HeaderFormat, HeaderFormatCloudEvents)
+		}
+	case HeaderFormatCloudEvents:
+		if c.Postgres.Columns.EventType == "" {
+			bad("postgres.columns.event_type", "must be set when kafka.header_format is cloudevents (ce_type is required)")
+		}
+	default:
+		bad("kafka.header_format", "must be %s or %s, got %q", HeaderFormatOutbox, HeaderFormatCloudEvents, c.Kafka.HeaderFormat)
+	}
 	switch c.Postgres.FailoverSlot {
 	case "auto", "on", "off":
 	default:
@@ -488,6 +516,18 @@ func urlSecrets(u string, add func(string)) {
 
 // passwordPairRE matches password=value in a URL's query or a key=value connection string.
 var passwordPairRE = regexp.MustCompile(`(?i)pass(?:word)?\s*=\s*('(?:[^'\\]|\\.)*(?:'|$)|[^\s&]*)`)
+
+// EventSource is the ce_source attribute of the cloudevents header format: kafka.cloudevents_source,
+// else /<database>/<postgres.table> (the database from postgres.url).
+func (c *Config) EventSource() string {
+	if c.Kafka.CloudEventsSource != "" {
+		return c.Kafka.CloudEventsSource
+	}
+	if pc, err := pgconn.ParseConfig(c.Postgres.URL); err == nil && pc.Database != "" {
+		return "/" + pc.Database + "/" + c.Postgres.Table
+	}
+	return "/" + c.Postgres.Table
+}
 
 // PostgresTarget describes the database for logs: user@host:port/database, never the password.
 func (c *Config) PostgresTarget() string { return Target(c.Postgres.URL, "postgres.url") }

@@ -90,6 +90,9 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"zero transaction interval", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionInterval = DeliveryExactlyOnce, 0 }, "kafka.transaction_interval"},
 		{"zero transaction records", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionMaxRecords = DeliveryExactlyOnce, 0 }, "kafka.transaction_max_records"},
 		{"short transaction timeout", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionTimeout = DeliveryExactlyOnce, time.Millisecond }, "kafka.transaction_timeout"},
+		{"unknown header format", func(c *Config) { c.Kafka.HeaderFormat = "cloudevent" }, "kafka.header_format"},
+		{"source without cloudevents", func(c *Config) { c.Kafka.CloudEventsSource = "/x" }, "kafka.cloudevents_source"},
+		{"cloudevents without a type column", func(c *Config) { c.Kafka.HeaderFormat, c.Postgres.Columns.EventType = HeaderFormatCloudEvents, "" }, "postgres.columns.event_type"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,6 +191,18 @@ func TestInvalidSSLModeAndCAFileAreConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("validation error %v does not mention %q", err, want)
 		}
+	}
+}
+
+func TestEventSource(t *testing.T) {
+	c := Default()
+	c.Postgres.URL, c.Postgres.Table = "postgres://u:secret@h:5432/orders?sslmode=disable", "public.outbox"
+	if got := c.EventSource(); got != "/orders/public.outbox" {
+		t.Errorf("default source %q", got)
+	}
+	c.Kafka.CloudEventsSource = "urn:orders"
+	if got := c.EventSource(); got != "urn:orders" {
+		t.Errorf("configured source %q", got)
 	}
 }
 

@@ -105,6 +105,8 @@ var settings = []setting{
 	{"kafka.transaction_interval", "OUTBOX_CDC_TRANSACTION_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.TransactionInterval })},
 	{"kafka.transaction_max_records", "OUTBOX_CDC_TRANSACTION_MAX_RECORDS", "", "", integer(func(c *Config) *int { return &c.Kafka.TransactionMaxRecords })},
 	{"kafka.transaction_timeout", "OUTBOX_CDC_TRANSACTION_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.TransactionTimeout })},
+	{"kafka.header_format", "OUTBOX_CDC_HEADER_FORMAT", "header-format", "outbox (event_id, event_type, ... headers) or cloudevents (CloudEvents binary mode: ce_* headers)", str(func(c *Config) *string { return &c.Kafka.HeaderFormat })},
+	{"kafka.cloudevents_source", "OUTBOX_CDC_CLOUDEVENTS_SOURCE", "", "", str(func(c *Config) *string { return &c.Kafka.CloudEventsSource })},
 	{"kafka.tls.enabled", "OUTBOX_CDC_KAFKA_TLS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
 	{"kafka.tls.ca_file", "OUTBOX_CDC_KAFKA_TLS_CA_FILE", "", "", str(func(c *Config) *string { return &c.Kafka.TLS.CAFile })},
 	{"kafka.tls.cert_file", "OUTBOX_CDC_KAFKA_TLS_CERT_FILE", "", "", str(func(c *Config) *string { return &c.Kafka.TLS.CertFile })},

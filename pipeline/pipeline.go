@@ -139,6 +139,11 @@ func (p *Pipeline) outbox() replication.Outbox {
 	return replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication}
 }
 
+// format is kafka.header_format for the router.
+func (p *Pipeline) format() router.Format {
+	return router.Format{CloudEvents: p.cfg.Kafka.HeaderFormat == config.HeaderFormatCloudEvents, Source: p.cfg.EventSource()}
+}
+
 // permanent reports errors that replaying cannot fix: the operator must act.
 func permanent(err error) bool {
 	var undeliverable *router.UndeliverableError
@@ -602,7 +607,7 @@ func (p *Pipeline) identify(ctx context.Context) error {
 func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	cfg := p.cfg
 	opts := router.Options{
-		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
+		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
 		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer,
 	}
 	if cfg.Kafka.ExactlyOnce() && p.slotID != nil {

@@ -264,7 +264,7 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 	defer func() { _ = snap.Close(context.Background()) }()
 	reasons := map[string]int64{}
 	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
-		topic, problem := router.Plan(p.rules, p.cfg.Postgres.Columns, row, p.cfg.Kafka.MaxMessageBytes)
+		topic, problem := router.Plan(p.rules, p.cfg.Postgres.Columns, p.format(), row, p.cfg.Kafka.MaxMessageBytes)
 		if problem != nil {
 			topic = "(dead-letter)"
 			reasons[problem.Error()]++

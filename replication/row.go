@@ -44,6 +44,17 @@ func (r *Row) Value(name string) ([]byte, bool) {
 	return nil, false
 }
 
+// TypeOID returns the data type of the named column and true, or false when the table has no such
+// column.
+func (r *Row) TypeOID(name string) (uint32, bool) {
+	for i := range r.Columns {
+		if r.Columns[i].Name == name {
+			return r.Columns[i].TypeOID, true
+		}
+	}
+	return 0, false
+}
+
 // Size is the number of value bytes of the row.
 func (r *Row) Size() int {
 	n := 0

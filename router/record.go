@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -17,12 +18,27 @@ var reservedHeaders = map[string]bool{
 	outbox.HeaderEventID: true, outbox.HeaderEventType: true, outbox.HeaderAggregateType: true, outbox.HeaderAggregateVersion: true, outbox.HeaderCreatedAt: true,
 }
 
+// Format says which headers carry a record's event attributes (kafka.header_format).
+type Format struct {
+	// CloudEvents selects the CloudEvents Kafka protocol binding in binary mode: the attributes as
+	// ce_* headers and content-type, the payload untouched as the value. Otherwise the outbox
+	// headers (event_id, event_type, ...) carry them.
+	CloudEvents bool
+	// Source is the ce_source attribute of every record in CloudEvents format.
+	Source string
+}
+
+// typedRow is a Row that also knows its columns' PostgreSQL types (replication and snapshot rows do).
+type typedRow interface {
+	TypeOID(column string) (uint32, bool)
+}
+
 // buildRecord makes the record for row without its topic: key = aggregate_id, value = payload bytes
-// as stored, headers from the row's columns and every key of its headers JSON object. A row that can
-// never be a valid record returns an *undeliverable error; the record returned with it still carries
-// what could be read, for the dead-letter topic.
-func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
-	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 5)}
+// as stored, headers from the row's columns (in the format f says) and every key of its headers JSON
+// object. A row that can never be a valid record returns an *undeliverable error; the record returned
+// with it still carries what could be read, for the dead-letter topic.
+func buildRecord(row Row, cols config.Columns, f Format) (*kgo.Record, error) {
+	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 8)}
 	var problem error
 	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
 		rec.Key = id
@@ -43,14 +59,39 @@ func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: key, Value: v})
 		}
 	}
-	add(outbox.HeaderEventID, cols.EventID)
-	add(outbox.HeaderEventType, cols.EventType)
-	add(outbox.HeaderAggregateType, cols.AggregateType)
-	add(outbox.HeaderAggregateVersion, cols.AggregateVersion)
-	add(outbox.HeaderCreatedAt, cols.CreatedAt)
+	reserved := isOutboxHeader
+	if f.CloudEvents {
+		reserved = isCloudEventsHeader
+		if t, ok := row.Value(cols.EventType); (!ok || len(t) == 0) && problem == nil {
+			problem = &undeliverable{reason: fmt.Sprintf("column %s (event type) is NULL or empty: a CloudEvent must have a type (kafka.header_format is cloudevents)", cols.EventType)}
+		}
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ceSpecVersion, Value: []byte("1.0")})
+		add(ceID, cols.EventID)
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ceSource, Value: []byte(f.Source)})
+		add(ceType, cols.EventType)
+		add(ceSubject, cols.AggregateID)
+		if cols.CreatedAt != "" {
+			if v, ok := row.Value(cols.CreatedAt); ok {
+				if ts, ok := rfc3339(v); ok {
+					rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ceTime, Value: ts})
+				}
+			}
+		}
+		if ct := contentType(row, cols.Payload); ct != "" && rec.Value != nil {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ceContentType, Value: []byte(ct)})
+		}
+		add(ceAggregateType, cols.AggregateType)
+		add(ceAggregateVersion, cols.AggregateVersion)
+	} else {
+		add(outbox.HeaderEventID, cols.EventID)
+		add(outbox.HeaderEventType, cols.EventType)
+		add(outbox.HeaderAggregateType, cols.AggregateType)
+		add(outbox.HeaderAggregateVersion, cols.AggregateVersion)
+		add(outbox.HeaderCreatedAt, cols.CreatedAt)
+	}
 	if cols.Headers != "" {
 		if raw, ok := row.Value(cols.Headers); ok && len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-			extra, err := jsonHeaders(raw)
+			extra, err := jsonHeaders(raw, reserved)
 			if err != nil && problem == nil {
 				problem = &undeliverable{reason: fmt.Sprintf("column %s: %v", cols.Headers, err)}
 			}
@@ -60,16 +101,87 @@ func buildRecord(row Row, cols config.Columns) (*kgo.Record, error) {
 	return rec, problem
 }
 
+// The CloudEvents Kafka protocol binding's headers (binary content mode): every attribute as a
+// header named ce_<attribute>, and the data's media type as content-type. aggregatetype and
+// aggregateversion are extension attributes.
+const (
+	ceSpecVersion      = "ce_specversion"
+	ceID               = "ce_id"
+	ceSource           = "ce_source"
+	ceType             = "ce_type"
+	ceSubject          = "ce_subject"
+	ceTime             = "ce_time"
+	ceContentType      = "content-type"
+	ceAggregateType    = "ce_aggregatetype"
+	ceAggregateVersion = "ce_aggregateversion"
+)
+
+// isOutboxHeader reports the header names a row's own headers may not take in the outbox format.
+func isOutboxHeader(k string) bool {
+	return reservedHeaders[k] || strings.HasPrefix(k, outbox.DLQHeaderPrefix)
+}
+
+// isCloudEventsHeader reports the header names a row's own headers may not take in the CloudEvents
+// format: any attribute (a consumer's SDK would read it as one), content-type, and the outbox format's
+// names (tools that read either format must not be misled).
+func isCloudEventsHeader(k string) bool {
+	return strings.HasPrefix(strings.ToLower(k), "ce_") || strings.EqualFold(k, ceContentType) || isOutboxHeader(k)
+}
+
+// contentType is the media type of a payload column by its PostgreSQL type: application/json for
+// json and jsonb, text/plain for text types, application/octet-stream for bytea; "" when unknown.
+func contentType(row Row, column string) string {
+	tr, ok := row.(typedRow)
+	if !ok {
+		return ""
+	}
+	oid, ok := tr.TypeOID(column)
+	if !ok {
+		return ""
+	}
+	switch oid {
+	case 114, 3802: // json, jsonb
+		return "application/json"
+	case 25, 1043, 1042: // text, varchar, bpchar
+		return "text/plain; charset=utf-8"
+	case 17: // bytea
+		return "application/octet-stream"
+	}
+	return ""
+}
+
+// pgTimeLayouts are PostgreSQL's ISO text forms of timestamptz (offsets of hours, minutes or seconds)
+// and of timestamp, taken as UTC.
+var pgTimeLayouts = []string{
+	"2006-01-02 15:04:05.999999999Z07",
+	"2006-01-02 15:04:05.999999999Z07:00",
+	"2006-01-02 15:04:05.999999999Z07:00:00",
+	time.RFC3339Nano,
+	"2006-01-02 15:04:05.999999999",
+}
+
+// rfc3339 converts a timestamp column's text (PostgreSQL's ISO output) to RFC 3339 in UTC, as
+// ce_time requires; false when the text is not a timestamp (another DateStyle, infinity).
+func rfc3339(v []byte) ([]byte, bool) {
+	s := string(v)
+	for _, layout := range pgTimeLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC().AppendFormat(nil, time.RFC3339Nano), true
+		}
+	}
+	return nil, false
+}
+
 // jsonHeaders turns a JSON object into headers in key order: string values as they are, other
-// values as their JSON text. Keys that collide with the record's own headers are left out.
-func jsonHeaders(raw []byte) ([]kgo.RecordHeader, error) {
+// values as their JSON text. Keys reserved for the record's own headers are left out.
+func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, fmt.Errorf("headers must be a JSON object: %v", err)
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
-		if !reservedHeaders[k] && !strings.HasPrefix(k, outbox.DLQHeaderPrefix) {
+		if !reserved(k) {
 			keys = append(keys, k)
 		}
 	}
@@ -108,6 +220,22 @@ func recordSize(r *kgo.Record) int {
 		n += headerOverhead + len(h.Key) + len(h.Value)
 	}
 	return n
+}
+
+// eventID is a record's event id, in either header format.
+func eventID(r *kgo.Record) string {
+	if id := header(r, outbox.HeaderEventID); id != "" {
+		return id
+	}
+	return header(r, ceID)
+}
+
+// eventType is a record's event type, in either header format.
+func eventType(r *kgo.Record) string {
+	if t := header(r, outbox.HeaderEventType); t != "" {
+		return t
+	}
+	return header(r, ceType)
 }
 
 // header returns the value of the first header named key.

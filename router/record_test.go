@@ -18,7 +18,7 @@ func TestBuildRecord(t *testing.T) {
 		"aggregate_id": "42", "aggregate_version": "7", "payload": `{"total": 9.99}`, "created_at": "2026-12-02T08:00:00Z",
 		"headers": `{"traceparent": "00-abc-def-01", "retries": 2, "event_id": "spoofed", "note": null, "outbox.dlq.reason": "spoofed"}`,
 	}
-	rec, err := buildRecord(row, defaultCols)
+	rec, err := buildRecord(row, defaultCols, Format{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestBuildRecordProblems(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec, err := buildRecord(tt.row, defaultCols)
+			rec, err := buildRecord(tt.row, defaultCols, Format{})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want error containing %q", err, tt.want)
 			}
@@ -71,7 +71,7 @@ func TestBuildRecordProblems(t *testing.T) {
 }
 
 func TestNullPayloadIsATombstone(t *testing.T) {
-	rec, err := buildRecord(mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1"}, defaultCols)
+	rec, err := buildRecord(mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1"}, defaultCols, Format{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,5 +143,101 @@ func TestRecordSizeNeverUnderestimates(t *testing.T) {
 	min := 61 + len(rec.Key) + len(rec.Value) + len("event_id") + 1
 	if n := recordSize(rec); n < min || n > min+60 {
 		t.Fatalf("recordSize %d, want between %d and %d", n, min, min+60)
+	}
+}
+
+// typedMapRow is a mapRow whose columns have PostgreSQL types.
+type typedMapRow struct {
+	mapRow
+	types map[string]uint32
+}
+
+func (r typedMapRow) TypeOID(col string) (uint32, bool) {
+	oid, ok := r.types[col]
+	return oid, ok
+}
+
+func TestBuildCloudEventsRecord(t *testing.T) {
+	row := typedMapRow{mapRow: mapRow{
+		"event_id": "7d1c4d6a-0000-4000-8000-000000000001", "event_type": "OrderPaid", "aggregate_type": "order",
+		"aggregate_id": "42", "aggregate_version": "7", "payload": `{"total": 9.99}`, "created_at": "2026-12-02 08:00:00.123456+01",
+		"headers": `{"traceparent": "00-abc-def-01", "ce_id": "spoofed", "CE_TYPE": "spoofed", "content-type": "text/html", "event_id": "spoofed"}`,
+	}, types: map[string]uint32{"payload": 3802}}
+	rec, err := buildRecord(row, defaultCols, Format{CloudEvents: true, Source: "/app/public.outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rec.Key) != "42" || string(rec.Value) != `{"total": 9.99}` {
+		t.Fatalf("key %q value %q", rec.Key, rec.Value)
+	}
+	want := map[string]string{
+		"ce_specversion": "1.0", "ce_id": "7d1c4d6a-0000-4000-8000-000000000001", "ce_source": "/app/public.outbox",
+		"ce_type": "OrderPaid", "ce_subject": "42", "ce_time": "2026-12-02T07:00:00.123456Z", "content-type": "application/json",
+		"ce_aggregatetype": "order", "ce_aggregateversion": "7", "traceparent": "00-abc-def-01",
+	}
+	got := map[string]string{}
+	for _, h := range rec.Headers {
+		if _, dup := got[h.Key]; dup {
+			t.Errorf("header %s appears twice", h.Key)
+		}
+		got[h.Key] = string(h.Value)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("headers %v, want %v", got, want)
+	}
+	if eventID(rec) != want["ce_id"] || eventType(rec) != "OrderPaid" {
+		t.Errorf("eventID %q eventType %q", eventID(rec), eventType(rec))
+	}
+}
+
+func TestCloudEventsAttributes(t *testing.T) {
+	f := Format{CloudEvents: true, Source: "/s"}
+	base := func() mapRow {
+		return mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1", "payload": "x"}
+	}
+	t.Run("a row without a type cannot be a CloudEvent", func(t *testing.T) {
+		row := base()
+		delete(row, "event_type")
+		if _, err := buildRecord(row, defaultCols, f); err == nil || !strings.Contains(err.Error(), "CloudEvent must have a type") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	for _, tt := range []struct{ in, want string }{
+		{"2026-12-02 08:00:00+00", "2026-12-02T08:00:00Z"},
+		{"2026-12-02 08:00:00.5+05:30", "2026-12-02T02:30:00.5Z"},
+		{"1900-01-01 00:00:00+00:09:21", "1899-12-31T23:50:39Z"},
+		{"2026-12-02 08:00:00", "2026-12-02T08:00:00Z"},
+		{"2026-12-02T08:00:00Z", "2026-12-02T08:00:00Z"},
+		{"infinity", ""},
+	} {
+		row := base()
+		row["created_at"] = tt.in
+		rec, err := buildRecord(row, defaultCols, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := header(rec, "ce_time"); got != tt.want {
+			t.Errorf("created_at %q: ce_time %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	for oid, want := range map[uint32]string{114: "application/json", 3802: "application/json", 25: "text/plain; charset=utf-8", 17: "application/octet-stream", 23: ""} {
+		rec, err := buildRecord(typedMapRow{mapRow: base(), types: map[string]uint32{"payload": oid}}, defaultCols, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := header(rec, "content-type"); got != want {
+			t.Errorf("payload type %d: content-type %q, want %q", oid, got, want)
+		}
+	}
+	tomb := base()
+	delete(tomb, "payload")
+	rec, _ := buildRecord(typedMapRow{mapRow: tomb, types: map[string]uint32{"payload": 3802}}, defaultCols, f)
+	if header(rec, "content-type") != "" {
+		t.Error("a tombstone (no data) has no content-type")
 	}
 }

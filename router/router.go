@@ -30,6 +30,8 @@ type Options struct {
 	Rules *Rules
 	// Columns name the outbox columns.
 	Columns config.Columns
+	// Format says which headers carry the event's attributes.
+	Format Format
 	// DLQTopic receives undeliverable rows; empty means such a row stops the router.
 	DLQTopic string
 	// Limits cap what is handed to Kafka and not yet acknowledged.
@@ -302,7 +304,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, row, r.opts.Kafka.MaxMessageBytes)
+	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
 	if problem == nil {
 		info, err := r.prepareTopic(ctx, rec.Topic)
 		if err != nil {
@@ -321,7 +323,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	p := &Prepared{rec: rec, src: src, size: int64(size)}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
-			err := &UndeliverableError{EventID: header(rec, outbox.HeaderEventID), Reason: problem.Error()}
+			err := &UndeliverableError{EventID: eventID(rec), Reason: problem.Error()}
 			r.fail(err)
 			return nil, err
 		}
@@ -382,7 +384,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 				if !p.src.CommitTime.IsZero() {
 					e2e = now.Sub(p.src.CommitTime)
 				}
-				r.opts.Observer.Produced(rec.Topic, header(rec, outbox.HeaderEventType), n, now.Sub(start), e2e)
+				r.opts.Observer.Produced(rec.Topic, eventType(rec), n, now.Sub(start), e2e)
 			}
 			ack()
 			return
@@ -404,10 +406,10 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
 		case r.transactional() && fenced(err):
 			r.release(p.size)
-			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", header(rec, outbox.HeaderEventID), rec.Topic), err))
+			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", eventID(rec), rec.Topic), err))
 		default:
 			r.release(p.size)
-			r.fail(fmt.Errorf("produce event %s to %s: %w", header(rec, outbox.HeaderEventID), rec.Topic, err))
+			r.fail(fmt.Errorf("produce event %s to %s: %w", eventID(rec), rec.Topic, err))
 		}
 	})
 }
@@ -428,8 +430,8 @@ func (r *Router) checkPartitions(rec *kgo.Record) {
 
 // resolve builds the record for row with its topic and size, or says why the row can never be
 // delivered (problem) and the class of that reason.
-func resolve(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
-	rec, problem = buildRecord(row, cols)
+func resolve(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
+	rec, problem = buildRecord(row, cols, f)
 	if problem == nil {
 		rec.Topic, problem = rules.Topic(row)
 	}
@@ -444,8 +446,8 @@ func resolve(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) 
 
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.
 // Dry runs use it.
-func Plan(rules *Rules, cols config.Columns, row Row, maxMessageBytes int32) (topic string, problem error) {
-	rec, _, problem, _ := resolve(rules, cols, row, maxMessageBytes)
+func Plan(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (topic string, problem error) {
+	rec, _, problem, _ := resolve(rules, cols, f, row, maxMessageBytes)
 	return rec.Topic, problem
 }
 
@@ -465,7 +467,7 @@ const maxReasonBytes = 2048
 func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, size int64, ack func()) {
 	if r.opts.DLQTopic == "" {
 		r.release(size)
-		r.fail(&UndeliverableError{EventID: header(orig, outbox.HeaderEventID), Reason: reason})
+		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason})
 		return
 	}
 	dlq := &kgo.Record{Topic: r.opts.DLQTopic, Key: orig.Key, Value: orig.Value}
@@ -487,16 +489,16 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 		limit = v.(topicInfo).limit
 	}
 	fitDLQ(dlq, own, int(limit))
-	r.log.Warn("dead-lettering event", "event_id", header(orig, outbox.HeaderEventID), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
+	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
 	r.client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(size)
 		if err != nil {
-			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", header(orig, outbox.HeaderEventID), r.opts.DLQTopic, err))
+			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", eventID(orig), r.opts.DLQTopic, err))
 			return
 		}
 		r.opts.Counters.DeadLettered.Add(1)
 		if r.opts.Observer != nil {
-			r.opts.Observer.DeadLettered(header(orig, outbox.HeaderEventType), class)
+			r.opts.Observer.DeadLettered(eventType(orig), class)
 		}
 		ack()
 	})

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +24,8 @@ import (
 
 const startHint = "start the local services with `make up` (scripts/services.sh up), or set OUTBOX_CDC_POSTGRES and OUTBOX_CDC_BROKERS"
 
-// RepoRoot returns the repository's root directory (the one holding go.mod).
+// RepoRoot returns the repository's root directory: the one holding outbox-cdc's go.mod (nested
+// modules such as interop/cloudevents have their own).
 func RepoRoot(t TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
@@ -31,7 +33,7 @@ func RepoRoot(t TB) string {
 		t.Fatal(err)
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.HasPrefix(mod, []byte("module github.com/outbox-cdc/outbox-cdc\n")) {
 			return dir
 		}
 		parent := filepath.Dir(dir)
@@ -255,7 +257,7 @@ func ConsumeDistinct(t testing.TB, brokers []string, topics []string, want int, 
 	var doneAt time.Time
 	return ConsumeUntil(t, brokers, topics, func(recs []*kgo.Record) bool {
 		for _, r := range recs[counted:] {
-			seen[Header(r, "event_id")] = true
+			seen[EventID(r)] = true
 		}
 		counted = len(recs)
 		if len(seen) >= want && doneAt.IsZero() {
@@ -292,6 +294,14 @@ func ConsumeUntil(t testing.TB, brokers []string, topics []string, done func([]*
 		fetches.EachRecord(func(r *kgo.Record) { out = append(out, r) })
 	}
 	return out
+}
+
+// EventID is a record's event id: its event_id header, or ce_id in the CloudEvents header format.
+func EventID(r *kgo.Record) string {
+	if id := Header(r, "event_id"); id != "" {
+		return id
+	}
+	return Header(r, "ce_id")
 }
 
 // Header returns the value of a record's header.

@@ -28,10 +28,12 @@ type clusters struct{ cleanups []func() }
 
 type fatalError struct{ msg string }
 
-func (c *clusters) Helper()                           {}
-func (c *clusters) Fatal(args ...any)                 { panic(fatalError{fmt.Sprint(args...)}) }
-func (c *clusters) Fatalf(format string, args ...any) { panic(fatalError{fmt.Sprintf(format, args...)}) }
-func (c *clusters) Cleanup(f func())                  { c.cleanups = append(c.cleanups, f) }
+func (c *clusters) Helper()           {}
+func (c *clusters) Fatal(args ...any) { panic(fatalError{fmt.Sprint(args...)}) }
+func (c *clusters) Fatalf(format string, args ...any) {
+	panic(fatalError{fmt.Sprintf(format, args...)})
+}
+func (c *clusters) Cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
 
 // close runs the cleanups, last first: the servers stop and their directories go.
 func (c *clusters) close() {
