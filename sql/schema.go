@@ -1,5 +1,6 @@
 // Package outboxsql holds the SQL files of outbox-cdc: the recommended outbox table and publication
-// (outbox.sql) and the least-privilege role (role.sql). `init` creates the table from outbox.sql.
+// (outbox.sql), the least-privilege role (role.sql) and a consuming service's inbox (inbox.sql).
+// `init` creates the table from outbox.sql; package inbox creates its tables from inbox.sql.
 package outboxsql
 
 import (
@@ -11,6 +12,11 @@ import (
 //
 //go:embed outbox.sql
 var Outbox string
+
+// Inbox is sql/inbox.sql: the tables of package inbox, in schema public.
+//
+//go:embed inbox.sql
+var Inbox string
 
 // TableDDL is outbox.sql's CREATE TABLE statement for the table named qualified (already quoted).
 func TableDDL(qualified string) string {
