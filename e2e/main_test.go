@@ -262,6 +262,15 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 	if code, body := httpGet(t, standbyAddr, "/readyz"); code != 503 || !strings.Contains(body, "standby") {
 		t.Errorf("standby /readyz = %d %q, want 503 saying standby", code, body)
 	}
+	// The Helm chart's readiness probe: a standby ready to take over counts (once its slot monitor
+	// has read the slot, within 5 s); the active one too.
+	testenv.WaitFor(t, 20*time.Second, "the standby ready to take over", func() bool {
+		code, _ := httpGet(t, standbyAddr, "/readyz?standby=ready")
+		return code == 200
+	})
+	if code, body := httpGet(t, activeAddr, "/readyz?standby=ready"); code != 200 {
+		t.Errorf("active /readyz?standby=ready = %d %q, want 200", code, body)
+	}
 
 	ctx := context.Background()
 	gen := testenv.NewGenerator(10, "InventoryAdjusted")

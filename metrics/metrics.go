@@ -135,9 +135,11 @@ func (m *Metrics) Handler(health func() pipeline.Health) http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		s := health()
-		if !s.Ready {
+		// ?standby=ready: a hot standby ready to take over counts too, as a two-replica deployment's
+		// readiness probe needs (otherwise its rollouts and drains wait forever for the standby).
+		if !s.Ready && !(s.StandbyReady && r.URL.Query().Get("standby") == "ready") {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		fmt.Fprintln(w, s.NotReady)

@@ -31,7 +31,7 @@ func fixedHealth(state pipeline.State) func() pipeline.Health {
 		case pipeline.StateStreaming:
 			s.Ready, s.NotReady = true, "streaming"
 		case pipeline.StateStandby:
-			s.NotReady = "standby: another instance holds the slot"
+			s.NotReady, s.StandbyReady = "standby: another instance holds the slot", true
 		default:
 			s.NotReady = "starting: not streaming"
 		}
@@ -65,6 +65,14 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 		if code, _ := get(t, h, "/healthz"); code != 200 {
 			t.Errorf("%s: /healthz = %d", tt.state, code)
+		}
+		// A two-replica deployment's probe counts a healthy standby as ready, nothing else.
+		want := tt.code
+		if tt.state == pipeline.StateStandby {
+			want = 200
+		}
+		if code, body := get(t, h, "/readyz?standby=ready"); code != want || !strings.Contains(body, tt.contains) {
+			t.Errorf("%s: /readyz?standby=ready = %d %q, want %d", tt.state, code, body, want)
 		}
 	}
 }

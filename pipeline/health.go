@@ -21,6 +21,10 @@ type Health struct {
 	// recently; NotReady says why not.
 	Ready    bool
 	NotReady string
+	// StandbyReady is true on a hot standby that is ready to take over: it waits for the slot (held by
+	// another instance) and its slot monitor reads the slot's state freshly, so PostgreSQL answers it.
+	// Orchestrators that run two replicas count it as ready (/readyz?standby=ready).
+	StandbyReady bool
 	// Replication counters.
 	Rows, Transactions, IgnoredUpdates, IgnoredDeletes, IgnoredTruncates, IgnoredOtherTables int64
 	// Router counters.
@@ -168,6 +172,7 @@ func (p *Pipeline) Health() Health {
 		}
 	}
 	s.Ready, s.NotReady = p.readiness(s, pid)
+	s.StandbyReady = s.State == StateStandby && s.SlotKnown
 	return s
 }
 
