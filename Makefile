@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/outbox-cdc
 DEV := .dev
 
-.PHONY: build up down status run test test-versions test-unit vet bench bench-compare chaos chaos-long clean
+.PHONY: build up down status run test test-versions test-unit vet bench bench-compare chaos chaos-long clean helm chart
 
 build: ## build bin/outbox-cdc
 	$(GO) build -o $(BIN) .
@@ -34,7 +34,7 @@ run: build up
 # then the integration suites again with the router in exactly-once mode. Nested modules (interop/*:
 # tests against other projects' libraries, kept out of outbox-cdc's dependencies) run after the main one.
 INTEROP := interop/cloudevents
-test: up vet
+test: up vet helm
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
@@ -48,6 +48,16 @@ test-versions: vet ## the replication core on PostgreSQL 14, 16, 17 and 18
 	  echo "== PostgreSQL $$v"; PG=$$v scripts/services.sh up; \
 	  $(GO) test -race -count=1 -p 1 -timeout 20m -run '^($(CORE_TESTS))$$' ./pipeline/ ./e2e/; \
 	done
+
+# helm, for the chart's tests (deploy/helm): built from the Go module proxy into .dev/bin, once.
+HELM_VERSION := v4.3.2
+helm: ## install helm into .dev/bin (go install from the Go module proxy)
+	@test -x $(DEV)/bin/helm || { echo "installing helm $(HELM_VERSION) into $(DEV)/bin (once; a few minutes)"; GOBIN=$(CURDIR)/$(DEV)/bin $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); }
+
+chart: helm ## helm lint and helm template of deploy/helm/outbox-cdc, and the manifest checks
+	$(DEV)/bin/helm lint --strict deploy/helm/outbox-cdc
+	$(DEV)/bin/helm template outbox-cdc deploy/helm/outbox-cdc --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true >/dev/null
+	$(GO) test -count=1 ./deploy/...
 
 test-unit: ## unit tests only (no services)
 	$(GO) test -race -short -count=1 ./...

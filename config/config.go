@@ -37,6 +37,10 @@ type Config struct {
 	Metrics Metrics `yaml:"metrics"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+
+	// envPassword is PGPASSWORD from the environment Load read: pgx uses it when the URL has no
+	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
+	envPassword string
 }
 
 // Postgres configures the source database and the replication slot.
@@ -466,7 +470,7 @@ func (c *Config) Validate() error {
 // information, escaped and unescaped, and any password=... value), and the SASL password. Loggers
 // and error output hide each wherever it appears.
 func (c *Config) Secrets() []string {
-	out := []string{c.Kafka.SASL.Password}
+	out := []string{c.Kafka.SASL.Password, c.envPassword}
 	add := func(v string) {
 		out = append(out, v)
 		if u, err := url.PathUnescape(v); err == nil && u != v {

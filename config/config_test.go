@@ -147,6 +147,23 @@ func TestEnvErrorsNameVariableAndKey(t *testing.T) {
 // TestSecretsCoverHostileURLs: whatever shape the URL has — a bad percent escape, '/', '#' or '@' in
 // the password, a bad port, an invalid sslmode, a quoted key=value password — the password is among
 // the secrets, and no validation error prints it.
+// TestPGPASSWORDIsASecret: a password from the environment (the Helm chart's way) is scrubbed like
+// one in the URL.
+func TestPGPASSWORDIsASecret(t *testing.T) {
+	env := map[string]string{"OUTBOX_CDC_POSTGRES": "postgres://outbox@db/app", "OUTBOX_CDC_BROKERS": "k:9092", "PGPASSWORD": "from-env"}
+	c, err := Load("", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range c.Secrets() {
+		found = found || s == "from-env"
+	}
+	if !found {
+		t.Errorf("secrets %q lack PGPASSWORD", c.Secrets())
+	}
+}
+
 func TestSecretsCoverHostileURLs(t *testing.T) {
 	tests := []struct{ url, password string }{
 		{"postgres://outbox:s3cret@db:5432/app", "s3cret"},

@@ -176,6 +176,9 @@ func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (C
 	if err := c.LoadEnv(lookup); err != nil {
 		return c, err
 	}
+	if v, ok := lookup("PGPASSWORD"); ok {
+		c.envPassword = v
+	}
 	if fs != nil {
 		if err := c.ApplyFlags(fs); err != nil {
 			return c, err

@@ -1,0 +1,43 @@
+{{/* The release's resource name. */}}
+{{- define "outbox-cdc.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the release's pods. */}}
+{{- define "outbox-cdc.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every resource. */}}
+{{- define "outbox-cdc.labels" -}}
+{{ include "outbox-cdc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* The service account's name. */}}
+{{- define "outbox-cdc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "outbox-cdc.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The metrics port, from config.metrics.addr. */}}
+{{- define "outbox-cdc.metricsPort" -}}
+{{- $addr := .Values.config.metrics.addr | default "" -}}
+{{- if not (contains ":" $addr) -}}
+{{- fail "config.metrics.addr must be host:port on the pod's address (e.g. 0.0.0.0:9187): the probes and Prometheus need it" -}}
+{{- end -}}
+{{- if hasPrefix "127." $addr -}}
+{{- fail "config.metrics.addr listens on loopback: the kubelet's probes cannot reach it; use 0.0.0.0:9187" -}}
+{{- end -}}
+{{- last (splitList ":" $addr) -}}
+{{- end -}}
