@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
@@ -38,7 +36,6 @@ func TestPromotionUnderLoad(t *testing.T) {
 func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
 	exec := func(url, sql string) error {
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
@@ -48,23 +45,10 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 		_, err = conn.Exec(ctx, sql)
 		return err
 	}
-	applyOutboxSQL(t, ctx, primary.URL)
-	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on")
-	if synchronizedStandbySlots {
-		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
-			if err := exec(primary.URL, sql); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
-	prefix := fmt.Sprintf("t.promotion-%x", time.Now().UnixNano()&0xffffff)
-	cfg := config.Default()
-	cfg.Postgres.URL, cfg.Kafka.Brokers = both, testenv.Brokers(t)
-	cfg.Postgres.StatusInterval = time.Second
-	cfg.Routing.Topic = prefix + ".{event_type}"
-	cfg.Kafka.Delivery = testenv.Delivery()
-	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
+	primary := newPrimary17(t, ctx)
+	standby := standbyOf(t, ctx, primary, synchronizedStandbySlots)
+	cfg, prefix := promotionConfig(t, primary, standby, "promotion")
+	both := cfg.Postgres.URL
 	run := startPipeline(t, cfg)
 
 	// Two writers through the multi-host URL; a failed transaction is retried on a new connection.
@@ -127,33 +111,12 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	// What the promoted server holds is the truth.
 	want := readOutbox(t, ctx, standby.URL)
 	got := testenv.ConsumeDistinct(t, cfg.Kafka.Brokers, []string{prefix + ".Placed", prefix + ".Paid"}, len(want), 2*time.Minute)
-	inTable := make(map[string]bool, len(want))
-	for _, e := range want {
-		inTable[e.ID] = true
-	}
-	phantoms := map[string]bool{}
-	var real []*kgo.Record
-	for _, r := range got {
-		if id := testenv.Header(r, "event_id"); !inTable[id] {
-			phantoms[id] = true
-			continue
-		}
-		real = append(real, r)
-	}
+	real, phantoms := testenv.SplitPhantoms(want, got)
 	t.Logf("synchronized_standby_slots set: %t; phantom events (in Kafka, not on the promoted server): %d", synchronizedStandbySlots, len(phantoms))
 	if synchronizedStandbySlots && len(phantoms) > 0 {
 		t.Errorf("%d phantom events with synchronized_standby_slots set", len(phantoms))
 	}
-	rep := testenv.CheckDelivery(prefix, want, real)
-	for i, p := range rep.Problems {
-		if i == 30 {
-			t.Errorf("... and %d more", len(rep.Problems)-30)
-			break
-		}
-		t.Error(p)
-	}
-	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong",
-		len(want), len(got), rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
+	checkPromoted(t, prefix, want, real, len(got))
 	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("stop: %v", err)
 	}

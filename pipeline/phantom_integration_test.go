@@ -39,7 +39,6 @@ func TestFailoverWithALaggingStandby(t *testing.T) {
 func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
 	exec := func(url string, sql string, args ...any) error {
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
@@ -49,28 +48,13 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 		_, err = conn.Exec(ctx, sql, args...)
 		return err
 	}
-	applyOutboxSQL(t, ctx, primary.URL)
+	primary := newPrimary17(t, ctx)
 	// The standby reaches the primary through a proxy that can freeze its WAL stream.
 	proxy := testenv.NewProxy(t, fmt.Sprintf("127.0.0.1:%d", primary.Port))
 	_, proxyPort, _ := strings.Cut(proxy.Addr(), ":")
-	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on",
-		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%s user=postgres dbname=postgres'", proxyPort))
-	if synchronizedStandbySlots {
-		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
-			if err := exec(primary.URL, sql); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
-	prefix := fmt.Sprintf("t.lagging-%x", time.Now().UnixNano()&0xffffff)
+	standby := standbyOf(t, ctx, primary, synchronizedStandbySlots, fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%s user=postgres dbname=postgres'", proxyPort))
+	cfg, prefix := promotionConfig(t, primary, standby, "lagging")
 	topics := []string{prefix + ".Placed", prefix + ".Paid"}
-	cfg := config.Default()
-	cfg.Postgres.URL, cfg.Kafka.Brokers = both, testenv.Brokers(t)
-	cfg.Postgres.StatusInterval = time.Second
-	cfg.Routing.Topic = prefix + ".{event_type}"
-	cfg.Kafka.Delivery = testenv.Delivery()
-	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
 	run := startPipeline(t, cfg)
 
 	gen := testenv.NewGenerator(5, "Placed", "Paid")
@@ -141,19 +125,7 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 	}
 
 	want := readOutbox(t, ctx, standby.URL)
-	inTable := make(map[string]bool, len(want))
-	for _, e := range want {
-		inTable[e.ID] = true
-	}
-	var real []*kgo.Record
-	phantoms := map[string]bool{}
-	for _, r := range got {
-		if id := testenv.Header(r, "event_id"); !inTable[id] {
-			phantoms[id] = true
-			continue
-		}
-		real = append(real, r)
-	}
+	real, phantoms := testenv.SplitPhantoms(want, got)
 	t.Logf("synchronized_standby_slots set: %t; %d events committed while the standby was frozen; phantom events (in Kafka, not on the promoted server): %d",
 		synchronizedStandbySlots, len(window), len(phantoms))
 	if synchronizedStandbySlots && len(phantoms) > 0 {
@@ -162,6 +134,16 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 	if !synchronizedStandbySlots && len(phantoms) != len(window) {
 		t.Errorf("without synchronized_standby_slots, expected the %d events of the frozen window as phantoms, found %d", len(window), len(phantoms))
 	}
+	checkPromoted(t, prefix, want, real, len(got))
+	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("stop: %v", err)
+	}
+}
+
+// checkPromoted checks the records of the events on a promoted server (phantoms left out): every one
+// arrived, in order per aggregate, with the right content; read is how many records were read in all.
+func checkPromoted(t *testing.T, prefix string, want []testenv.Event, real []*kgo.Record, read int) {
+	t.Helper()
 	rep := testenv.CheckDelivery(prefix, want, real)
 	for i, p := range rep.Problems {
 		if i == 30 {
@@ -171,10 +153,51 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 		t.Error(p)
 	}
 	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong",
-		len(want), len(got), rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
-	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
-		t.Errorf("stop: %v", err)
+		len(want), read, rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
+}
+
+// newPrimary17 starts a PostgreSQL 17 server with wal_level logical and sql/outbox.sql applied.
+func newPrimary17(t *testing.T, ctx context.Context) *testenv.Cluster {
+	t.Helper()
+	primary := testenv.NewClusterOf(t, "17", "wal_level = logical")
+	applyOutboxSQL(t, ctx, primary.URL)
+	return primary
+}
+
+// standbyOf makes a standby of primary that synchronizes failover slots (physical slot sb1), with
+// the extra postgresql.conf lines; with synchronized set, the primary's synchronized_standby_slots
+// names it.
+func standbyOf(t *testing.T, ctx context.Context, primary *testenv.Cluster, synchronized bool, extra ...string) *testenv.Cluster {
+	t.Helper()
+	standby := primary.Standby(t, "sb1", append([]string{"sync_replication_slots = on", "hot_standby_feedback = on"}, extra...)...)
+	if synchronized {
+		conn, err := pgx.Connect(ctx, primary.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for _, sql := range []string{"ALTER SYSTEM SET synchronized_standby_slots = 'sb1'", "SELECT pg_reload_conf()"} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
+	return standby
+}
+
+// promotionConfig is a router configuration on a multi-host URL naming both servers
+// (target_session_attrs=read-write), with topics under a fresh prefix it returns.
+func promotionConfig(t *testing.T, primary, standby *testenv.Cluster, name string) (config.Config, string) {
+	t.Helper()
+	prefix := fmt.Sprintf("t.%s-%x", name, time.Now().UnixNano()&0xffffff)
+	cfg := config.Default()
+	cfg.Postgres.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write", primary.Port, standby.Port)
+	cfg.Kafka.Brokers = testenv.Brokers(t)
+	cfg.Postgres.StatusInterval = time.Second
+	cfg.Routing.Topic = prefix + ".{event_type}"
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
+	return cfg, prefix
 }
 
 // applyOutboxSQL runs sql/outbox.sql on the server at url.

@@ -29,6 +29,12 @@ func TestBuildRecord(t *testing.T) {
 		"event_id": "7d1c4d6a-0000-4000-8000-000000000001", "event_type": "OrderPaid", "aggregate_type": "order",
 		"aggregate_version": "7", "created_at": "2026-12-02T08:00:00Z", "traceparent": "00-abc-def-01", "retries": "2", "note": "",
 	}
+	checkHeaders(t, rec, want)
+}
+
+// checkHeaders checks that rec has exactly the headers of want, each once.
+func checkHeaders(t *testing.T, rec *kgo.Record, want map[string]string) {
+	t.Helper()
 	got := map[string]string{}
 	for _, h := range rec.Headers {
 		if _, dup := got[h.Key]; dup {
@@ -175,21 +181,7 @@ func TestBuildCloudEventsRecord(t *testing.T) {
 		"ce_type": "OrderPaid", "ce_subject": "42", "ce_time": "2026-12-02T07:00:00.123456Z", "content-type": "application/json",
 		"ce_aggregatetype": "order", "ce_aggregateversion": "7", "traceparent": "00-abc-def-01",
 	}
-	got := map[string]string{}
-	for _, h := range rec.Headers {
-		if _, dup := got[h.Key]; dup {
-			t.Errorf("header %s appears twice", h.Key)
-		}
-		got[h.Key] = string(h.Value)
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("header %s = %q, want %q", k, got[k], v)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("headers %v, want %v", got, want)
-	}
+	checkHeaders(t, rec, want)
 	if eventID(rec) != want["ce_id"] || eventType(rec) != "OrderPaid" {
 		t.Errorf("eventID %q eventType %q", eventID(rec), eventType(rec))
 	}

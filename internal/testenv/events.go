@@ -290,6 +290,25 @@ func CheckDelivery(topicPrefix string, want []Event, got []*kgo.Record) Delivery
 	return rep
 }
 
+// SplitPhantoms separates the records of events in want from the others: after a failover, the
+// events in Kafka whose rows the promoted server lacks (phantom events). It returns the records of
+// wanted events and the distinct ids of the phantoms.
+func SplitPhantoms(want []Event, got []*kgo.Record) (real []*kgo.Record, phantoms map[string]bool) {
+	wanted := make(map[string]bool, len(want))
+	for _, e := range want {
+		wanted[e.ID] = true
+	}
+	phantoms = map[string]bool{}
+	for _, r := range got {
+		if id := EventID(r); !wanted[id] {
+			phantoms[id] = true
+			continue
+		}
+		real = append(real, r)
+	}
+	return real, phantoms
+}
+
 // SameJSON reports whether a and b hold equal JSON values.
 func SameJSON(a, b []byte) bool {
 	var x, y any

@@ -229,19 +229,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	phantoms := 0
 	if o.failover > 0 {
 		// Events in Kafka whose transaction the last primary lacks.
-		wanted := make(map[string]bool, len(want))
-		for _, e := range want {
-			wanted[e.ID] = true
-		}
-		seen := map[string]bool{}
-		var real []*kgo.Record
-		for _, r := range got {
-			if id := testenv.Header(r, "event_id"); !wanted[id] {
-				seen[id] = true
-				continue
-			}
-			real = append(real, r)
-		}
+		real, seen := testenv.SplitPhantoms(want, got)
 		phantoms, got = len(seen), real
 	}
 	rep := testenv.CheckDelivery(s.pfx, want, got)
