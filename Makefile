@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/outbox-cdc
 DEV := .dev
 
-.PHONY: build up down status run test test-versions test-unit vet bench bench-compare chaos chaos-long clean helm chart
+.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-compare chaos chaos-long clean helm chart
 
 build: ## build bin/outbox-cdc
 	$(GO) build -o $(BIN) .
@@ -69,6 +69,9 @@ vet:
 
 bench: build up ## drain a backlog, the latency curve against the floor, throughput by payload and transaction size: print the tables
 	$(GO) run ./bench
+
+bench-inbox: up ## package inbox's throughput beside a bare consumer running the same insert (20,000 events, medians of 3)
+	$(GO) run ./bench -inbox 20000
 
 bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka Connect (defaults and tuned); charts into docs/bench
 	scripts/services.sh debezium-libs

@@ -53,6 +53,7 @@ func main() {
 	flag.StringVar(&txSizes, "tx-sizes", "1,10,100,1000,10000", "throughput sweep: rows per transaction (empty skips)")
 	flag.IntVar(&c.sweepEvents, "sweep-events", 50000, "throughput sweep: events per point (fewer for large payloads)")
 	runs := flag.Int("runs", 3, "runs; medians are reported")
+	inboxEvents := flag.Int("inbox", 0, "instead of the rest: package inbox's throughput on this many events, beside a bare consumer running the same insert")
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect, with defaults and tuned (make bench-compare)")
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
@@ -76,6 +77,13 @@ func main() {
 	slices.Sort(c.rates)
 	env := devEnv()
 	c.pgURL, c.brokers = env["OUTBOX_CDC_POSTGRES"], env["OUTBOX_CDC_BROKERS"]
+	if *inboxEvents > 0 {
+		if err := runInbox(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], *inboxEvents, *runs); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(c, *runs); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -109,7 +117,7 @@ func devEnv() map[string]string {
 			}
 		}
 	}
-	for _, k := range []string{"OUTBOX_CDC_POSTGRES", "OUTBOX_CDC_BROKERS"} {
+	for _, k := range []string{"OUTBOX_CDC_POSTGRES", "OUTBOX_CDC_BROKERS", "OUTBOX_CDC_TEST_ADMIN_POSTGRES"} {
 		if v := os.Getenv(k); v != "" {
 			out[k] = v
 		}

@@ -119,6 +119,11 @@ type Options struct {
 	DeadLetterTopic string
 	// MaxPollRecords bounds the records handled per poll (default 500).
 	MaxPollRecords int
+	// BatchSize is how many consecutive events of one partition share a transaction (default 50; 1:
+	// one transaction per event). A batch whose handler or statement fails is rolled back and its
+	// events handled one by one, so a handler may see an event again; only its effects in the
+	// transaction count.
+	BatchSize int
 	// Retention is how long claims are kept; Run prunes older ones every PruneInterval (default one
 	// hour) in batches of PruneBatch rows (default 1000). 0 keeps them forever.
 	Retention     time.Duration
@@ -191,6 +196,9 @@ func New(o Options) (*Inbox, error) {
 	}
 	if o.MaxPollRecords <= 0 {
 		o.MaxPollRecords = 500
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 50
 	}
 	if o.PruneInterval <= 0 {
 		o.PruneInterval = time.Hour
@@ -306,14 +314,15 @@ func (in *Inbox) handleFetches(ctx context.Context, fetches kgo.Fetches) error {
 		go func() {
 			defer wg.Done()
 			var last *kgo.Record
-			for _, r := range p.Records {
-				if err := in.handle(ctx, r); err != nil {
+			for i := 0; i < len(p.Records); i += in.o.BatchSize {
+				batch := p.Records[i:min(i+in.o.BatchSize, len(p.Records))]
+				if err := in.handleBatch(ctx, batch); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
 					break
 				}
-				last = r
+				last = batch[len(batch)-1]
 			}
 			if last != nil {
 				mu.Lock()
@@ -405,37 +414,46 @@ func (in *Inbox) attempt(ctx context.Context, ev Event) (string, error) {
 		return "", fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	outcome, err := in.apply(ctx, tx, ev)
+	if err != nil || outcome == OutcomeDuplicate {
+		return outcome, err // a duplicate changed nothing: rolled back
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	return outcome, nil
+}
+
+// apply claims ev, checks its version and runs the handler in tx, without committing. It returns the
+// outcome (duplicate: nothing changed; stale: only the claim, marked stale), or a *handlerFailure
+// when the handler failed while the database answered, or another error.
+func (in *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
 	r := ev.Record
-	tag, err := tx.Exec(ctx, "INSERT INTO "+in.claims+` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
-		in.o.Consumer, ev.ID, OutcomeApplied, r.Topic, r.Partition, r.Offset)
+	// One statement: the claim, and the version only when the claim is new, taken only when above
+	// the last one applied (no row back means stale).
+	var claimed, advanced bool
+	err := tx.QueryRow(ctx, `WITH claim AS (
+			INSERT INTO `+in.claims+` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT DO NOTHING RETURNING 1
+		), version AS (
+			INSERT INTO `+in.versions+` AS v (consumer, topic, aggregate_type, aggregate_id, version)
+			SELECT $1, $4, $7, $8, $9 WHERE $10::boolean AND EXISTS (SELECT FROM claim)
+			ON CONFLICT (consumer, topic, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version WHERE v.version < EXCLUDED.version
+			RETURNING 1
+		)
+		SELECT EXISTS (SELECT FROM claim), EXISTS (SELECT FROM version)`,
+		in.o.Consumer, ev.ID, OutcomeApplied, r.Topic, r.Partition, r.Offset, ev.AggregateType, ev.AggregateID, ev.AggregateVersion, ev.HasVersion).Scan(&claimed, &advanced)
 	if err != nil {
 		return "", fmt.Errorf("claim: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return OutcomeDuplicate, nil // rolled back: nothing to keep
+	if !claimed {
+		return OutcomeDuplicate, nil
 	}
-	if ev.HasVersion {
-		// Takes the new version only when it is above the last one: no row back means stale.
-		rows, err := tx.Query(ctx, "INSERT INTO "+in.versions+` AS v (consumer, topic, aggregate_type, aggregate_id, version) VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (consumer, topic, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version WHERE v.version < EXCLUDED.version RETURNING 1`,
-			in.o.Consumer, r.Topic, ev.AggregateType, ev.AggregateID, ev.AggregateVersion)
-		if err != nil {
-			return "", fmt.Errorf("version check: %w", err)
+	if ev.HasVersion && !advanced {
+		if _, err := tx.Exec(ctx, "UPDATE "+in.claims+" SET outcome = $3 WHERE consumer = $1 AND event_id = $2", in.o.Consumer, ev.ID, OutcomeStale); err != nil {
+			return "", fmt.Errorf("record a stale event: %w", err)
 		}
-		advanced := rows.Next()
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return "", fmt.Errorf("version check: %w", err)
-		}
-		if !advanced {
-			if _, err := tx.Exec(ctx, "UPDATE "+in.claims+" SET outcome = $3 WHERE consumer = $1 AND event_id = $2", in.o.Consumer, ev.ID, OutcomeStale); err != nil {
-				return "", fmt.Errorf("record a stale event: %w", err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				return "", fmt.Errorf("commit: %w", err)
-			}
-			return OutcomeStale, nil
-		}
+		return OutcomeStale, nil
 	}
 	if err := in.o.Handler(ctx, tx, ev); err != nil {
 		if ctx.Err() != nil {
@@ -446,10 +464,82 @@ func (in *Inbox) attempt(ctx context.Context, ev Event) (string, error) {
 		}
 		return "", &handlerFailure{err}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return "", fmt.Errorf("commit: %w", err)
-	}
 	return OutcomeApplied, nil
+}
+
+// handleBatch applies recs (one partition's, in order) in one transaction. When anything fails —
+// an event's handler, a statement, the commit — it rolls the batch back and handles the events up to
+// the failed one each on its own (handle: retries, dead letters), then batches the rest again. It
+// returns an error only when an event can be neither applied nor dead-lettered.
+func (in *Inbox) handleBatch(ctx context.Context, recs []*kgo.Record) error {
+	if in.o.BatchSize == 1 {
+		for _, r := range recs {
+			if err := in.handle(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for len(recs) > 0 {
+		n := min(len(recs), in.o.BatchSize)
+		failedAt, err := in.tryBatch(ctx, recs[:n])
+		if err == nil {
+			recs = recs[n:]
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		for _, r := range recs[:failedAt+1] {
+			if err := in.handle(ctx, r); err != nil {
+				return err
+			}
+		}
+		recs = recs[failedAt+1:]
+	}
+	return nil
+}
+
+// tryBatch applies recs in one transaction and commits it; on failure it returns the index of the
+// record at fault (the last one for a failed commit) and the error, with the batch rolled back.
+func (in *Inbox) tryBatch(ctx context.Context, recs []*kgo.Record) (failedAt int, err error) {
+	tx, err := in.o.DB.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	evs := make([]Event, len(recs))
+	outcomes := make([]string, len(recs))
+	start := time.Now()
+	for i, r := range recs {
+		evs[i] = eventOf(r)
+		if evs[i].ID == "" {
+			return i, errors.New("no event id") // handle dead-letters it
+		}
+		if outcomes[i], err = in.apply(ctx, tx, evs[i]); err != nil {
+			var hf *handlerFailure
+			if errors.As(err, &hf) {
+				in.failures.Add(1)
+				in.m.failures.Inc()
+			}
+			return i, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return len(recs) - 1, fmt.Errorf("commit: %w", err)
+	}
+	took := time.Since(start) / time.Duration(len(recs))
+	for i, outcome := range outcomes {
+		if outcome == OutcomeStale && in.o.Stale == DeadLetterStale {
+			r := recs[i]
+			if err := in.deadLetter(ctx, evs[i], fmt.Sprintf("stale: aggregate_version %d is not above the last applied on topic %s", evs[i].AggregateVersion, r.Topic), 0); err != nil {
+				return i, err
+			}
+			continue
+		}
+		in.count(outcome, took)
+	}
+	return 0, nil
 }
 
 // deadLetter writes ev's record to the dead-letter topic with the reason, then records the event as

@@ -255,6 +255,12 @@ func TestStaleVersionsToTheDeadLetterTopic(t *testing.T) {
 // event is applied once; an event whose handler always fails is dead-lettered after MaxAttempts
 // with the reason, the attempts and where it was read, and the events behind it on its partition go on.
 func TestFlakyHandler(t *testing.T) {
+	// Alone, the poison pill fails MaxAttempts times; in a batch once more, before it is handled alone.
+	t.Run("one transaction per event", func(t *testing.T) { testFlakyHandler(t, 1, 154) })
+	t.Run("batches", func(t *testing.T) { testFlakyHandler(t, 0, 155) })
+}
+
+func testFlakyHandler(t *testing.T, batch int, wantFailures int64) {
 	f := newFixture(t)
 	var mu sync.Mutex
 	tries := map[string]int{}
@@ -274,7 +280,7 @@ func TestFlakyHandler(t *testing.T) {
 		return f.record(ctx, tx, ev)
 	}
 	o := f.options(flaky)
-	o.MaxAttempts = 4
+	o.MaxAttempts, o.BatchSize = 4, batch
 	in, _ := start(t, o)
 	var evs []event
 	for i, id := range ids("f", 150) {
@@ -295,9 +301,9 @@ func TestFlakyHandler(t *testing.T) {
 			t.Errorf("event %s applied %d times, want %d", e.id, got[e.id], want)
 		}
 	}
-	// Events 0..149 fail 0, 1 or 2 times each: 50*1 + 50*2 failures, and the poison pill 4.
-	if s := in.Stats(); s.Failures != 154 || s.DeadLettered != 1 || s.Applied != 150 {
-		t.Errorf("stats %+v: want 150 applied, 154 failures, one dead letter", s)
+	// Events 0..149 fail 0, 1 or 2 times each: 50*1 + 50*2 failures, and the poison pill's.
+	if s := in.Stats(); s.Failures != wantFailures || s.DeadLettered != 1 || s.Applied != 150 {
+		t.Errorf("stats %+v: want 150 applied, %d failures, one dead letter", s, wantFailures)
 	}
 	dead := testenv.Consume(t, f.brokers, []string{f.dlq}, 1, 30*time.Second)
 	if len(dead) != 1 {
