@@ -36,15 +36,6 @@ func TestPromotionUnderLoad(t *testing.T) {
 func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	exec := func(url, sql string) error {
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, sql)
-		return err
-	}
 	primary := newPrimary17(t, ctx)
 	standby := standbyOf(t, ctx, primary, synchronizedStandbySlots)
 	cfg, prefix := promotionConfig(t, primary, standby, "promotion")
@@ -86,17 +77,7 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	defer func() { stopWriters(); wg.Wait() }()
 
 	// The standby's copy of the slot must be ready (synced, no longer temporary) before the failover.
-	testenv.WaitFor(t, 2*time.Minute, "the slot synchronized to the standby and no longer temporary", func() bool {
-		_ = exec(primary.URL, "SELECT pg_log_standby_snapshot()")
-		conn, err := pgx.Connect(ctx, standby.URL)
-		if err != nil {
-			return false
-		}
-		defer conn.Close(ctx)
-		var ready bool
-		err = conn.QueryRow(ctx, "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = $1", cfg.Postgres.Slot).Scan(&ready)
-		return err == nil && ready
-	})
+	waitStandbySlotReady(t, ctx, primary, standby, cfg.Postgres.Slot, false)
 	time.Sleep(2 * time.Second)
 	primary.Stop(t, "immediate")
 	standby.Promote(t)

@@ -39,15 +39,6 @@ func TestFailoverWithALaggingStandby(t *testing.T) {
 func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	exec := func(url string, sql string, args ...any) error {
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, sql, args...)
-		return err
-	}
 	primary := newPrimary17(t, ctx)
 	// The standby reaches the primary through a proxy that can freeze its WAL stream.
 	proxy := testenv.NewProxy(t, fmt.Sprintf("127.0.0.1:%d", primary.Port))
@@ -91,18 +82,7 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 	// Before: delivered, replayed on the standby, and the slot synchronized there.
 	before := batch(primary.URL, 100)
 	testenv.ConsumeUntil(t, cfg.Kafka.Brokers, topics, func(r []*kgo.Record) bool { return has(r, before) == len(before) }, time.Minute)
-	testenv.WaitFor(t, 2*time.Minute, "the standby caught up and the slot synchronized to it, no longer temporary", func() bool {
-		_ = exec(primary.URL, "SELECT pg_log_standby_snapshot()")
-		conn, err := pgx.Connect(ctx, standby.URL)
-		if err != nil {
-			return false
-		}
-		defer conn.Close(ctx)
-		var ready bool
-		err = conn.QueryRow(ctx, `SELECT s.synced AND NOT s.temporary AND pg_last_wal_replay_lsn() >= $2::pg_lsn
-			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot, primaryLSN(t, ctx, primary.URL)).Scan(&ready)
-		return err == nil && ready
-	})
+	waitStandbySlotReady(t, ctx, primary, standby, cfg.Postgres.Slot, true)
 
 	// The window: the standby's WAL stream is frozen while transactions commit on the primary.
 	if n := proxy.BlackHole(); n == 0 {
@@ -215,6 +195,32 @@ func applyOutboxSQL(t *testing.T, ctx context.Context, url string) {
 	if _, err := conn.Exec(ctx, string(script)); err != nil {
 		t.Fatalf("apply sql/outbox.sql: %v", err)
 	}
+}
+
+// waitStandbySlotReady waits until the standby's copy of slot is synchronized and no longer temporary
+// (a temporary synced slot is dropped at promotion), and with caughtUp until the standby has replayed
+// everything the primary had written when asked.
+func waitStandbySlotReady(t *testing.T, ctx context.Context, primary, standby *testenv.Cluster, slot string, caughtUp bool) {
+	t.Helper()
+	target := "0/0"
+	if caughtUp {
+		target = primaryLSN(t, ctx, primary.URL)
+	}
+	testenv.WaitFor(t, 2*time.Minute, "the slot synchronized to the standby and no longer temporary", func() bool {
+		if p, err := pgx.Connect(ctx, primary.URL); err == nil {
+			_, _ = p.Exec(ctx, "SELECT pg_log_standby_snapshot()") // speeds up the synchronization
+			_ = p.Close(ctx)
+		}
+		conn, err := pgx.Connect(ctx, standby.URL)
+		if err != nil {
+			return false
+		}
+		defer conn.Close(ctx)
+		var ready bool
+		err = conn.QueryRow(ctx, `SELECT s.synced AND NOT s.temporary AND pg_last_wal_replay_lsn() >= $2::pg_lsn
+			FROM pg_replication_slots s WHERE s.slot_name = $1`, slot, target).Scan(&ready)
+		return err == nil && ready
+	})
 }
 
 // primaryLSN is the server's current WAL write position.
