@@ -283,13 +283,22 @@ func (in *Inbox) Run(ctx context.Context) error {
 			in.client.AllowRebalance()
 			return nil
 		}
+		failed := false
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if !errors.Is(err, context.Canceled) {
+				failed = true
 				in.o.Logger.Warn("inbox: fetch error; the client retries", "topic", topic, "partition", partition, "error", err.Error())
 			}
 		})
 		err := in.handleFetches(ctx, fetches)
 		in.client.AllowRebalance()
+		if failed && fetches.NumRecords() == 0 {
+			// An error without records (a missing topic, say) is not polled for again at once.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
