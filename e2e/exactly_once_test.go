@@ -94,11 +94,7 @@ func TestExactlyOnceUnderKills(t *testing.T) {
 			r.waitLog(t, "streaming", 60*time.Second)
 		}
 		time.Sleep(time.Duration(50+rng.IntN(1500)) * time.Millisecond)
-		if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-r.done
-		r = startRouter(t, env)
+		r = r.killAndRestart(t, env)
 	}
 	close(stop)
 	if err := <-writerDone; err != nil {

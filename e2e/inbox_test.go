@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -130,11 +129,7 @@ func TestReadModelIsExactUnderRouterKills(t *testing.T) {
 	for k := 1; k <= kills; k++ {
 		r.waitLog(t, "streaming", 60*time.Second)
 		time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond)
-		if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-r.done
-		r = startRouter(t, env)
+		r = r.killAndRestart(t, env)
 		switch k {
 		case 2:
 			second, _ = consumer()

@@ -119,6 +119,16 @@ func startRouter(t *testing.T, env []string, args ...string) *routerProc {
 	return r
 }
 
+// killAndRestart SIGKILLs the router, waits for it to end, and starts a new one with env.
+func (r *routerProc) killAndRestart(t *testing.T, env []string) *routerProc {
+	t.Helper()
+	if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-r.done
+	return startRouter(t, env)
+}
+
 func (r *routerProc) log() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
