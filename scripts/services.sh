@@ -162,9 +162,11 @@ HBA
   if pg_cmd "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     log "postgres $PG_VERSION already running on port $PG_PORT"
   else
+    reserve_ports "$PG_PORT"
+    ports_free "$PG_PORT"
     log "starting postgres $PG_VERSION on 127.0.0.1:$PG_PORT"
     pg_cmd "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null \
-      || { tail -20 "$data/server.log" >&2; die "postgres did not start"; }
+      || { tail -n 20 "$data/server.log" >&2; die "postgres did not start"; }
   fi
   echo "$PG_VERSION" > "$DEV/pg-version"
   # Roles and database, idempotently: the router's role (LOGIN REPLICATION, owner of database outbox).
@@ -192,9 +194,10 @@ pg_down() {
 pg_restart() {
   local data; data="$(pg_data_dir)"
   pg_select
+  reserve_ports "$PG_PORT"
   log "restarting postgres $PG_VERSION (-m $1)"
   if ! pg_cmd "$PG_BIN/pg_ctl" -D "$data" -m "$1" -w -t 120 restart -l "$data/server.log" >/dev/null; then
-    tail -20 "$data/server.log" >&2
+    tail -n 20 "$data/server.log" >&2
     pg_cmd "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null 2>&1 || true
     die "postgres did not restart within 120 s (started again; see $data/server.log)"
   fi
@@ -219,6 +222,53 @@ kafka_libs() { maven_libs "$ROOT/scripts/kafka/pom.xml" "$KAFKA_LIBS" "Apache Ka
 debezium_libs() { maven_libs "$ROOT/scripts/debezium/pom.xml" "$DEV/debezium-libs" "Kafka Connect and Debezium"; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The default ports lie inside Linux's ephemeral port range (32768-60999): while a service is down (the
+# chaos suite restarts Kafka and PostgreSQL under load), the kernel may give one of them to a client
+# connection as its local port, and the service then cannot bind it ("Address already in use").
+# reserve_ports takes the ports out of that range where this user may (root), once; ports_free waits
+# for a held port and names what holds it.
+reserve_ports() {
+  local f=/proc/sys/net/ipv4/ip_local_reserved_ports
+  [ -w "$f" ] || return 0
+  local cur want p; cur="$(cat "$f" 2>/dev/null || true)"; want="$cur"
+  for p in "$@"; do
+    in_port_list "$p" "$cur" || want="${want:+$want,}$p"
+  done
+  [ "$want" = "$cur" ] && return 0
+  if (echo "$want" > "$f") 2>/dev/null; then
+    log "reserved ports $* (net.ipv4.ip_local_reserved_ports): no client connection is given them"
+  fi
+}
+
+# in_port_list PORT LIST: whether LIST ("a-b,c,...", as in ip_local_reserved_ports) holds PORT.
+in_port_list() {
+  local port="$1" item lo hi
+  local IFS=,
+  for item in $2; do
+    lo="${item%-*}"; hi="${item#*-}"
+    [ -n "$lo" ] && [ "$port" -ge "$lo" ] && [ "$port" -le "$hi" ] && return 0
+  done
+  return 1
+}
+
+# ports_free PORT...: wait up to 90 s until no socket but a TIME-WAIT one (which SO_REUSEADDR
+# passes) has one of the ports as its local port; then fail naming the holder.
+ports_free() {
+  command -v ss >/dev/null || return 0
+  local p held i
+  for i in $(seq 1 180); do
+    held=""
+    for p in "$@"; do
+      if [ -n "$(ss -Htan state all exclude time-wait "( sport = :$p )" 2>/dev/null)" ]; then held="$p"; break; fi
+    done
+    [ -z "$held" ] && return 0
+    [ "$i" = 1 ] && log "port $held is in use; waiting for it (up to 90 s)"
+    sleep 0.5
+  done
+  ss -tanp "( sport = :$held )" >&2 || true
+  die "port $held is held by the socket above; stop that process, or choose other ports (OUTBOX_CDC_PG_PORT, OUTBOX_CDC_KAFKA_PORT, OUTBOX_CDC_KAFKA_CONTROLLER_PORT, OUTBOX_CDC_KAFKA_SASL_PORT, OUTBOX_CDC_KAFKA_TLS_PORT)"
+}
 
 kafka_running() {
   [ -f "$KAFKA_DIR/kafka.pid" ] && kill -0 "$(cat "$KAFKA_DIR/kafka.pid")" 2>/dev/null
@@ -288,22 +338,37 @@ logger.server.name = kafka.server.KafkaServer
 logger.server.level = info
 L4J
   if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
-    local id; id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+    local id; id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
     log "formatting kafka storage (cluster id $id)"
     java -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool \
       format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" \
       --add-scram 'SCRAM-SHA-256=[name=outbox,password=outbox-secret]' >/dev/null
   fi
-  log "starting kafka on 127.0.0.1:$KAFKA_PORT"
-  nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
-    -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" > "$KAFKA_DIR/stdout.log" 2>&1 &
-  echo $! > "$KAFKA_DIR/kafka.pid"
-  for _ in $(seq 1 120); do
-    if port_open "$KAFKA_PORT"; then log "kafka is up"; return; fi
-    kafka_running || { tail -30 "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/broker.log" >&2 || true; die "kafka exited during start"; }
-    sleep 0.5
+  local ports=("$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT")
+  reserve_ports "${ports[@]}"
+  # A port can still be taken by a client's TIME-WAIT socket (no SO_REUSEADDR there) for up to 60 s, or
+  # between the check and the broker's bind: on "Address already in use", start again, for up to 90 s.
+  local deadline=$((SECONDS + 90))
+  while :; do
+    ports_free "${ports[@]}"
+    log "starting kafka on 127.0.0.1:$KAFKA_PORT"
+    nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+      -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" > "$KAFKA_DIR/stdout.log" 2>&1 &
+    echo $! > "$KAFKA_DIR/kafka.pid"
+    for _ in $(seq 1 120); do
+      if port_open "$KAFKA_PORT"; then log "kafka is up"; return; fi
+      kafka_running || break
+      sleep 0.5
+    done
+    if kafka_running; then die "kafka did not open port $KAFKA_PORT within 60 s (see $KAFKA_DIR/broker.log)"; fi
+    rm -f "$KAFKA_DIR/kafka.pid"
+    grep -q "Address already in use" "$KAFKA_DIR/stdout.log" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ] || break
+    log "kafka could not bind one of ports ${ports[*]} (Address already in use); starting again in 5 s"
+    sleep 5
   done
-  die "kafka did not open port $KAFKA_PORT within 60 s (see $KAFKA_DIR/broker.log)"
+  ss -tan 2>/dev/null | grep -E ":($(IFS='|'; echo "${ports[*]}"))\b" >&2 || true
+  tail -n 20 "$KAFKA_DIR/stdout.log" >&2 || true
+  die "kafka exited during start (its log: $KAFKA_DIR/broker.log)"
 }
 
 kafka_down() {
@@ -312,7 +377,9 @@ kafka_down() {
   log "stopping kafka (pid $pid)"
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || { rm -f "$KAFKA_DIR/kafka.pid"; return 0; }; sleep 0.5; done
+  log "kafka did not stop within 30 s; killing it"
   kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   rm -f "$KAFKA_DIR/kafka.pid"
 }
 
