@@ -352,6 +352,7 @@ L4J
   while :; do
     ports_free "${ports[@]}"
     log "starting kafka on 127.0.0.1:$KAFKA_PORT"
+    local logged; logged="$(stat -c %s "$KAFKA_DIR/broker.log" 2>/dev/null || echo 0)"
     nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
       -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" > "$KAFKA_DIR/stdout.log" 2>&1 &
     echo $! > "$KAFKA_DIR/kafka.pid"
@@ -362,7 +363,8 @@ L4J
     done
     if kafka_running; then die "kafka did not open port $KAFKA_PORT within 60 s (see $KAFKA_DIR/broker.log)"; fi
     rm -f "$KAFKA_DIR/kafka.pid"
-    grep -q "Address already in use" "$KAFKA_DIR/stdout.log" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ] || break
+    { cat "$KAFKA_DIR/stdout.log"; tail -c +"$((logged + 1))" "$KAFKA_DIR/broker.log"; } 2>/dev/null \
+      | grep -q "Address already in use" && [ "$SECONDS" -lt "$deadline" ] || break
     log "kafka could not bind one of ports ${ports[*]} (Address already in use); starting again in 5 s"
     sleep 5
   done
