@@ -72,33 +72,30 @@ type relation struct {
 }
 
 // decodeTuple turns an insert's tuple into a Row, aligning columns by index with the relation.
-func decodeTuple(types *pgtype.Map, rel *relation, tuple *pglogrepl.TupleData, lsn LSN) (Row, error) {
-	if tuple == nil {
-		return Row{}, fmt.Errorf("insert into %s.%s carries no tuple", rel.namespace, rel.name)
+func decodeTuple(types *pgtype.Map, rel *relation, tuple []tupleColumn, lsn LSN) (Row, error) {
+	if len(tuple) != len(rel.columns) {
+		return Row{}, fmt.Errorf("insert into %s.%s has %d columns, its relation message %d", rel.namespace, rel.name, len(tuple), len(rel.columns))
 	}
-	if len(tuple.Columns) != len(rel.columns) {
-		return Row{}, fmt.Errorf("insert into %s.%s has %d columns, its relation message %d", rel.namespace, rel.name, len(tuple.Columns), len(rel.columns))
-	}
-	row := Row{Columns: make([]Column, len(tuple.Columns)), LSN: lsn}
-	for i, col := range tuple.Columns {
+	row := Row{Columns: make([]Column, len(tuple)), LSN: lsn}
+	for i, col := range tuple {
 		rc := rel.columns[i]
 		out := Column{Name: rc.Name, TypeOID: rc.DataType}
-		switch col.DataType {
+		switch col.kind {
 		case pglogrepl.TupleDataTypeNull:
 			out.Null = true
 		case pglogrepl.TupleDataTypeToast:
 			// Inserts always carry every value; an unchanged TOAST marker here is a protocol surprise.
 			return Row{}, fmt.Errorf("insert into %s.%s: column %s arrived as an unchanged TOAST value", rel.namespace, rel.name, rc.Name)
 		case pglogrepl.TupleDataTypeText:
-			v, err := decodeText(types, rc.Name, rc.DataType, col.Data)
+			v, err := decodeText(types, rc.Name, rc.DataType, col.data)
 			if err != nil {
 				return Row{}, err
 			}
 			out.Value = v
 		case pglogrepl.TupleDataTypeBinary:
-			out.Value = col.Data
+			out.Value = col.data
 		default:
-			return Row{}, fmt.Errorf("column %s: unknown tuple data type %q", rc.Name, col.DataType)
+			return Row{}, fmt.Errorf("column %s: unknown tuple data type %q", rc.Name, col.kind)
 		}
 		row.Columns[i] = out
 	}

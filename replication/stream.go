@@ -77,6 +77,7 @@ type Stream struct {
 	log      *slog.Logger
 	types    *pgtype.Map
 	rels     map[uint32]*relation
+	tuple    []tupleColumn // scratch for parseInsert, reused row after row
 	counters *Counters
 
 	tracker *checkpoint.Tracker
@@ -299,7 +300,26 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 }
 
 func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogData) error {
-	msg, err := pglogrepl.ParseV2(xld.WALData, false)
+	data := xld.WALData
+	if len(data) > 0 {
+		// The per-row messages are parsed by hand (pgoutput.go); the rest with pglogrepl.
+		switch pglogrepl.MessageType(data[0]) {
+		case pglogrepl.MessageTypeInsert:
+			return s.handleInsert(ctx, h, xld)
+		case pglogrepl.MessageTypeUpdate, pglogrepl.MessageTypeDelete:
+			id, err := relationOf(data)
+			if err != nil {
+				return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
+			}
+			if data[0] == byte(pglogrepl.MessageTypeUpdate) {
+				s.countIgnored(id, &s.counters.IgnoredUpdates)
+			} else {
+				s.countIgnored(id, &s.counters.IgnoredDeletes)
+			}
+			return nil
+		}
+	}
+	msg, err := parseMessage(data)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
 	}
@@ -324,28 +344,6 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 			return fmt.Errorf("replication stream: Begin of xid %d inside an unfinished transaction", m.Xid)
 		}
 		s.current = s.tracker.Begin(m.CommitTime, LSN(m.FinalLSN))
-	case *pglogrepl.InsertMessageV2:
-		rel, err := s.relation(m.RelationID)
-		if err != nil {
-			return err
-		}
-		if !rel.outbox {
-			s.counters.IgnoredOtherTables.Add(1)
-			return nil
-		}
-		if s.current == nil {
-			return errors.New("replication stream: insert outside a transaction")
-		}
-		row, err := decodeTuple(s.types, rel, m.Tuple, LSN(xld.WALStart))
-		if err != nil {
-			return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
-		}
-		s.counters.Rows.Add(1)
-		return s.deliver(ctx, h, row)
-	case *pglogrepl.UpdateMessageV2:
-		s.countIgnored(m.RelationID, &s.counters.IgnoredUpdates)
-	case *pglogrepl.DeleteMessageV2:
-		s.countIgnored(m.RelationID, &s.counters.IgnoredDeletes)
 	case *pglogrepl.TruncateMessageV2:
 		for _, id := range m.RelationIDs {
 			s.countIgnored(id, &s.counters.IgnoredTruncates)
@@ -365,6 +363,36 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		// Type, Origin and logical decoding messages carry nothing for the outbox.
 	}
 	return nil
+}
+
+// handleInsert decodes an Insert and hands an outbox row to the handler; inserts into other published
+// tables are counted and dropped before their values are copied.
+func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLogData) error {
+	id, err := relationOf(xld.WALData)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
+	}
+	rel, err := s.relation(id)
+	if err != nil {
+		return err
+	}
+	if !rel.outbox {
+		s.counters.IgnoredOtherTables.Add(1)
+		return nil
+	}
+	if s.current == nil {
+		return errors.New("replication stream: insert outside a transaction")
+	}
+	_, s.tuple, err = parseInsert(xld.WALData, s.tuple)
+	if err != nil {
+		return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
+	}
+	row, err := decodeTuple(s.types, rel, s.tuple, LSN(xld.WALStart))
+	if err != nil {
+		return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
+	}
+	s.counters.Rows.Add(1)
+	return s.deliver(ctx, h, row)
 }
 
 // checkColumns checks a Relation message of the outbox against the columns the router reads. A
