@@ -37,6 +37,7 @@ type config struct {
 	compare                 bool
 	charts                  string // directory for the SVG charts; empty: none
 	altEnv                  string // not empty: also outbox-cdc (at-least-once) with these settings (KEY=VALUE,...)
+	altBinary               string // not empty: that outbox-cdc runs this binary (e.g. one built from an older commit)
 }
 
 func main() {
@@ -58,6 +59,7 @@ func main() {
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
 	flag.StringVar(&c.altEnv, "with-env", "", "also run outbox-cdc (at-least-once) with these environment settings, side by side (e.g. OUTBOX_CDC_LINGER=0,OUTBOX_CDC_QUIET_FLUSH=1ms)")
+	flag.StringVar(&c.altBinary, "with-binary", "", "also run this outbox-cdc binary (at-least-once), side by side: a change against the commit before it (go build -o /tmp/old . at that commit); with -with-env, the two together")
 	flag.Parse()
 	var err error
 	if c.rates, err = intList("rates", rates); err == nil {
@@ -132,7 +134,7 @@ const systemEOS = "outbox-cdc exactly-once"
 // in exactly-once mode, and Debezium with -compare.
 func (c config) systems() []string {
 	s := []string{"outbox-cdc", systemEOS}
-	if c.altEnv != "" {
+	if c.hasAlt() {
 		s = append(s, c.altSystem())
 	}
 	if c.compare {
@@ -141,8 +143,20 @@ func (c config) systems() []string {
 	return s
 }
 
-// altSystem names outbox-cdc run with -with-env.
-func (c config) altSystem() string { return "outbox-cdc " + c.altEnv }
+// hasAlt reports whether -with-env or -with-binary adds a second outbox-cdc.
+func (c config) hasAlt() bool { return c.altEnv != "" || c.altBinary != "" }
+
+// altSystem names outbox-cdc run with -with-env and -with-binary.
+func (c config) altSystem() string {
+	var parts []string
+	if c.altBinary != "" {
+		parts = append(parts, filepath.Base(c.altBinary))
+	}
+	if c.altEnv != "" {
+		parts = append(parts, c.altEnv)
+	}
+	return "outbox-cdc " + strings.Join(parts, " ")
+}
 
 func perSecond(n int, d time.Duration) float64 {
 	if d <= 0 {

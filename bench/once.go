@@ -285,7 +285,11 @@ func (b *bench) decodeCeiling(ctx context.Context, t *target) (time.Duration, er
 func (t *target) exactlyOnce() bool { return t.system == systemEOS }
 
 func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
-	cmd := exec.Command(b.c.binary, "run")
+	binary := b.c.binary
+	if t.system == b.c.altSystem() && b.c.altBinary != "" {
+		binary = b.c.altBinary
+	}
+	cmd := exec.Command(binary, "run")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+b.c.pgURL, "OUTBOX_CDC_BROKERS="+b.c.brokers,
 		"OUTBOX_CDC_TABLE="+t.table, "OUTBOX_CDC_SLOT="+t.slot, "OUTBOX_CDC_PUBLICATION="+t.pub,
 		"OUTBOX_CDC_TOPIC="+t.topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
@@ -293,7 +297,7 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 	if t.exactlyOnce() {
 		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
 	}
-	if t.system == b.c.altSystem() {
+	if t.system == b.c.altSystem() && b.c.altEnv != "" {
 		cmd.Env = append(cmd.Env, strings.Split(b.c.altEnv, ",")...)
 	}
 	cmd.Stderr = os.Stderr

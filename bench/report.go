@@ -164,7 +164,7 @@ func (r report) summary() {
 	// Ratios of medians, each pair measured side by side in the same runs.
 	at := func(name string) int { return slices.Index(r.systems, name) }
 	ratios := [][2]int{{1, 0}} // exactly-once / at-least-once
-	if c.altEnv != "" {
+	if c.hasAlt() {
 		ratios = append(ratios, [2]int{0, at(c.altSystem())})
 	}
 	if c.compare {
