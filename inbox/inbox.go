@@ -437,24 +437,42 @@ func (in *Inbox) attempt(ctx context.Context, ev Event) (string, error) {
 // outcome (duplicate: nothing changed; stale: only the claim, marked stale), or a *handlerFailure
 // when the handler failed while the database answered, or another error.
 func (in *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
-	r := ev.Record
-	// One statement: the claim, and the version only when the claim is new, taken only when above
-	// the last one applied (no row back means stale).
-	var claimed, advanced bool
-	err := tx.QueryRow(ctx, `WITH claim AS (
-			INSERT INTO `+in.claims+` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6)
+	var c claim
+	if err := tx.QueryRow(ctx, in.claimSQL(), in.claimArgs(ev)...).Scan(&c.claimed, &c.advanced); err != nil {
+		return "", fmt.Errorf("claim: %w", err)
+	}
+	return in.applyClaimed(ctx, tx, ev, c)
+}
+
+// claim is what the claim statement found: whether the event is new to this consumer, and whether
+// its version advanced the aggregate's.
+type claim struct{ claimed, advanced bool }
+
+// claimSQL is one statement: the claim, and the version only when the claim is new, taken only when
+// above the last one applied (no row back means stale).
+func (in *Inbox) claimSQL() string {
+	return `WITH claim AS (
+			INSERT INTO ` + in.claims + ` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT DO NOTHING RETURNING 1
 		), version AS (
-			INSERT INTO `+in.versions+` AS v (consumer, topic, aggregate_type, aggregate_id, version)
+			INSERT INTO ` + in.versions + ` AS v (consumer, topic, aggregate_type, aggregate_id, version)
 			SELECT $1, $4, $7, $8, $9 WHERE $10::boolean AND EXISTS (SELECT FROM claim)
 			ON CONFLICT (consumer, topic, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version WHERE v.version < EXCLUDED.version
 			RETURNING 1
 		)
-		SELECT EXISTS (SELECT FROM claim), EXISTS (SELECT FROM version)`,
-		in.o.Consumer, ev.ID, OutcomeApplied, r.Topic, r.Partition, r.Offset, ev.AggregateType, ev.AggregateID, ev.AggregateVersion, ev.HasVersion).Scan(&claimed, &advanced)
-	if err != nil {
-		return "", fmt.Errorf("claim: %w", err)
-	}
+		SELECT EXISTS (SELECT FROM claim), EXISTS (SELECT FROM version)`
+}
+
+// claimArgs are claimSQL's parameters for ev.
+func (in *Inbox) claimArgs(ev Event) []any {
+	r := ev.Record
+	return []any{in.o.Consumer, ev.ID, OutcomeApplied, r.Topic, r.Partition, r.Offset, ev.AggregateType, ev.AggregateID, ev.AggregateVersion, ev.HasVersion}
+}
+
+// applyClaimed goes on from ev's claim in tx: a duplicate is left, a stale event recorded as such,
+// a new one handed to the handler.
+func (in *Inbox) applyClaimed(ctx context.Context, tx pgx.Tx, ev Event, c claim) (string, error) {
+	claimed, advanced := c.claimed, c.advanced
 	if !claimed {
 		return OutcomeDuplicate, nil
 	}
@@ -525,7 +543,15 @@ func (in *Inbox) tryBatch(ctx context.Context, recs []*kgo.Record) (failedAt int
 		if evs[i].ID == "" {
 			return i, errors.New("no event id") // handle dead-letters it
 		}
-		if outcomes[i], err = in.apply(ctx, tx, evs[i]); err != nil {
+	}
+	// The claims of the whole batch in one round trip: they run in order in tx, so a duplicate or an
+	// older version later in the batch sees the claims before it, as one by one.
+	claims, failedAt, err := in.claimAll(ctx, tx, evs)
+	if err != nil {
+		return failedAt, err
+	}
+	for i := range evs {
+		if outcomes[i], err = in.applyClaimed(ctx, tx, evs[i], claims[i]); err != nil {
 			var hf *handlerFailure
 			if errors.As(err, &hf) {
 				in.failures.Add(1)
@@ -549,6 +575,28 @@ func (in *Inbox) tryBatch(ctx context.Context, recs []*kgo.Record) (failedAt int
 		in.count(outcome, took)
 	}
 	return 0, nil
+}
+
+// claimAll runs the claims of evs in tx as one pipelined batch. On failure it returns the index of the
+// claim that failed.
+func (in *Inbox) claimAll(ctx context.Context, tx pgx.Tx, evs []Event) ([]claim, int, error) {
+	b := &pgx.Batch{}
+	q := in.claimSQL()
+	for _, ev := range evs {
+		b.Queue(q, in.claimArgs(ev)...)
+	}
+	br := tx.SendBatch(ctx, b)
+	claims := make([]claim, len(evs))
+	for i := range claims {
+		if err := br.QueryRow().Scan(&claims[i].claimed, &claims[i].advanced); err != nil {
+			_ = br.Close()
+			return nil, i, fmt.Errorf("claim: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, len(evs) - 1, fmt.Errorf("claim: %w", err)
+	}
+	return claims, 0, nil
 }
 
 // deadLetter writes ev's record to the dead-letter topic with the reason, then records the event as

@@ -196,17 +196,26 @@ func TestEachEventAppliedOnce(t *testing.T) {
 	}
 	f.produce(t, evs...)
 	f.produce(t, evs...)
-	waitFor(t, "every event and its copy handled", func() bool { s := in.Stats(); return s.Applied+s.Duplicates >= 400 })
+	// And copies right behind their originals, so that both fall in one batch (one transaction, the
+	// claims pipelined).
+	var adjacent []event
+	for i, id := range ids("adjacent", 20) {
+		e := event{id: id, agg: fmt.Sprintf("a%d", i%7), n: i}
+		adjacent = append(adjacent, e, e)
+		evs = append(evs, e)
+	}
+	f.produce(t, adjacent...)
+	waitFor(t, "every event and its copy handled", func() bool { s := in.Stats(); return s.Applied+s.Duplicates >= 440 })
 	got := f.applications(t)
 	for _, e := range evs {
 		if got[e.id] != 1 {
 			t.Errorf("event %s applied %d times", e.id, got[e.id])
 		}
 	}
-	if s := in.Stats(); s.Applied != 200 || s.Duplicates != 200 {
-		t.Errorf("stats %+v, want 200 applied and 200 duplicates", s)
+	if s := in.Stats(); s.Applied != 220 || s.Duplicates != 220 {
+		t.Errorf("stats %+v, want 220 applied and 220 duplicates", s)
 	}
-	if v := testutil.ToFloat64(in.m.events.WithLabelValues(OutcomeDuplicate)); v != 200 {
+	if v := testutil.ToFloat64(in.m.events.WithLabelValues(OutcomeDuplicate)); v != 220 {
 		t.Errorf("outbox_inbox_events_total{outcome=duplicate} = %v", v)
 	}
 	if n, err := testutil.GatherAndCount(reg, "outbox_inbox_events_total"); err != nil || n != 4 {
