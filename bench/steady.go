@@ -236,7 +236,8 @@ func (b *bench) steady(ctx context.Context, pid int, t *target, rate int, m *mea
 			case <-tick.C:
 			}
 			var lag int64
-			if err := b.db.QueryRow(sctx, "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1", t.slot).Scan(&lag); err == nil {
+			// ctx, not sctx: pgx closes a connection whose query is cancelled, and b.db serves the rest of the run.
+			if err := b.db.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1", t.slot).Scan(&lag); err == nil {
 				trail = append(trail, lag)
 			}
 			m.peakRSSKB = max(m.peakRSSKB, peakRSS(pid))
