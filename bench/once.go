@@ -68,6 +68,9 @@ func once(c config, n int) (res result, err error) {
 		return res, err
 	}
 	defer b.db.Close(ctx)
+	if err := dropLeftovers(ctx, b.db); err != nil {
+		return res, err
+	}
 	if b.kcl, err = kgo.NewClient(kgo.SeedBrokers(strings.Split(c.brokers, ",")...)); err != nil {
 		return res, err
 	}
@@ -221,6 +224,30 @@ func (b *bench) cleanup(t *target) {
 	_, _ = b.db.Exec(ctx, "DROP PUBLICATION IF EXISTS "+t.pub)
 	_, _ = b.db.Exec(ctx, "DROP TABLE IF EXISTS "+t.table)
 	_, _ = b.admin.DeleteTopics(ctx, t.topic, t.topic+".checkpoints")
+}
+
+// dropLeftovers drops what an interrupted earlier run left in PostgreSQL: its inactive slots pin WAL
+// (gigabytes after a few runs) and slow every later run, its tables and publications take space.
+func dropLeftovers(ctx context.Context, db *pgx.Conn) error {
+	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+		WHERE NOT active AND database = current_database() AND (slot_name LIKE 'slot\_bench\_%' OR slot_name LIKE 'ceil\_bench\_%')`); err != nil {
+		return fmt.Errorf("drop the slots of earlier runs: %w", err)
+	}
+	rows, err := db.Query(ctx, `SELECT 'DROP PUBLICATION ' || quote_ident(pubname) FROM pg_publication WHERE pubname LIKE 'pub\_bench\_%'
+		UNION ALL SELECT 'DROP TABLE ' || quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'bench\_%'`)
+	if err != nil {
+		return fmt.Errorf("list the publications and tables of earlier runs: %w", err)
+	}
+	drops, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list the publications and tables of earlier runs: %w", err)
+	}
+	for _, d := range drops {
+		if _, err := db.Exec(ctx, d); err != nil {
+			return fmt.Errorf("%s: %w", d, err)
+		}
+	}
+	return nil
 }
 
 func (b *bench) dropCeiling() {
