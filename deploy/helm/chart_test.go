@@ -134,7 +134,7 @@ func TestRenderedManifests(t *testing.T) {
 	if p := c.get("ports", 0, "containerPort"); p != 9187 {
 		t.Errorf("metrics port %v", p)
 	}
-	if r := c.get("resources", "requests", "memory"); r != "64Mi" {
+	if r := c.get("resources", "requests", "memory"); r != "96Mi" {
 		t.Errorf("memory request %v", r)
 	}
 	if r := c.get("resources", "limits", "memory"); r == nil {
