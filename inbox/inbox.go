@@ -164,6 +164,7 @@ type Inbox struct {
 	o                       Options
 	client                  *kgo.Client
 	claims, versions, index string // sanitized identifiers
+	claimSQL                string // the claim statement (claimStatement), built once
 	m                       *metrics
 	applied, duplicates     atomic.Int64
 	stale, deadLettered     atomic.Int64
@@ -225,6 +226,7 @@ func New(o Options) (*Inbox, error) {
 		versions: pgx.Identifier{schema, name + "_versions"}.Sanitize(),
 		index:    pgx.Identifier{name + "_handled_at"}.Sanitize(),
 	}
+	in.claimSQL = claimStatement(in.claims, in.versions)
 	m, err := newMetrics(o.Consumer, o.Registerer)
 	if err != nil {
 		return nil, err
@@ -438,7 +440,7 @@ func (in *Inbox) attempt(ctx context.Context, ev Event) (string, error) {
 // when the handler failed while the database answered, or another error.
 func (in *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
 	var c claim
-	if err := tx.QueryRow(ctx, in.claimSQL(), in.claimArgs(ev)...).Scan(&c.claimed, &c.advanced); err != nil {
+	if err := tx.QueryRow(ctx, in.claimSQL, in.claimArgs(ev)...).Scan(&c.claimed, &c.advanced); err != nil {
 		return "", fmt.Errorf("claim: %w", err)
 	}
 	return in.applyClaimed(ctx, tx, ev, c)
@@ -448,14 +450,14 @@ func (in *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event) (string, error)
 // its version advanced the aggregate's.
 type claim struct{ claimed, advanced bool }
 
-// claimSQL is one statement: the claim, and the version only when the claim is new, taken only when
-// above the last one applied (no row back means stale).
-func (in *Inbox) claimSQL() string {
+// claimStatement is one statement on the claims and versions tables: the claim, and the version only
+// when the claim is new, taken only when above the last one applied (no row back means stale).
+func claimStatement(claims, versions string) string {
 	return `WITH claim AS (
-			INSERT INTO ` + in.claims + ` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6)
+			INSERT INTO ` + claims + ` (consumer, event_id, outcome, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT DO NOTHING RETURNING 1
 		), version AS (
-			INSERT INTO ` + in.versions + ` AS v (consumer, topic, aggregate_type, aggregate_id, version)
+			INSERT INTO ` + versions + ` AS v (consumer, topic, aggregate_type, aggregate_id, version)
 			SELECT $1, $4, $7, $8, $9 WHERE $10::boolean AND EXISTS (SELECT FROM claim)
 			ON CONFLICT (consumer, topic, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version WHERE v.version < EXCLUDED.version
 			RETURNING 1
@@ -463,7 +465,7 @@ func (in *Inbox) claimSQL() string {
 		SELECT EXISTS (SELECT FROM claim), EXISTS (SELECT FROM version)`
 }
 
-// claimArgs are claimSQL's parameters for ev.
+// claimArgs are the claim statement's parameters for ev.
 func (in *Inbox) claimArgs(ev Event) []any {
 	r := ev.Record
 	return []any{in.o.Consumer, ev.ID, OutcomeApplied, r.Topic, r.Partition, r.Offset, ev.AggregateType, ev.AggregateID, ev.AggregateVersion, ev.HasVersion}
@@ -472,11 +474,10 @@ func (in *Inbox) claimArgs(ev Event) []any {
 // applyClaimed goes on from ev's claim in tx: a duplicate is left, a stale event recorded as such,
 // a new one handed to the handler.
 func (in *Inbox) applyClaimed(ctx context.Context, tx pgx.Tx, ev Event, c claim) (string, error) {
-	claimed, advanced := c.claimed, c.advanced
-	if !claimed {
+	if !c.claimed {
 		return OutcomeDuplicate, nil
 	}
-	if ev.HasVersion && !advanced {
+	if ev.HasVersion && !c.advanced {
 		if _, err := tx.Exec(ctx, "UPDATE "+in.claims+" SET outcome = $3 WHERE consumer = $1 AND event_id = $2", in.o.Consumer, ev.ID, OutcomeStale); err != nil {
 			return "", fmt.Errorf("record a stale event: %w", err)
 		}
@@ -581,9 +582,8 @@ func (in *Inbox) tryBatch(ctx context.Context, recs []*kgo.Record) (failedAt int
 // claim that failed.
 func (in *Inbox) claimAll(ctx context.Context, tx pgx.Tx, evs []Event) ([]claim, int, error) {
 	b := &pgx.Batch{}
-	q := in.claimSQL()
 	for _, ev := range evs {
-		b.Queue(q, in.claimArgs(ev)...)
+		b.Queue(in.claimSQL, in.claimArgs(ev)...)
 	}
 	br := tx.SendBatch(ctx, b)
 	claims := make([]claim, len(evs))
