@@ -52,7 +52,7 @@ func New() *Metrics {
 		}, []string{"topic", "event_type"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "events_dead_lettered_total",
-			Help: "Events acknowledged on the dead-letter topic, by event type and reason (unroutable, too_large, rejected).",
+			Help: "Events acknowledged on the dead-letter topic, by event type and reason (unroutable, undecodable, too_large, rejected).",
 		}, []string{"event_type", "reason"}),
 		produceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "produce_latency_seconds",

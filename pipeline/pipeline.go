@@ -155,7 +155,7 @@ func permanent(err error) bool {
 		}
 	}
 	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, router.ErrConfig) ||
+		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, replication.ErrUnreadable) || errors.Is(err, router.ErrConfig) ||
 		errors.Is(err, checkpoint.ErrGap)
 }
 
@@ -301,7 +301,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Columns: columnRoles(cfg, p.rules), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
-		Logger: p.log, Counters: &p.Replication,
+		BaseType: p.baseType, Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
 		_ = conn.Close(context.Background())
@@ -587,6 +587,17 @@ func (v *verifier) close() {
 		_ = v.cat.Close(context.Background())
 		v.cat = nil
 	}
+}
+
+// baseType is the stream's BaseType: it asks the catalog over a connection of its own (the stream
+// asks once per user-defined type of an outbox column the router reads, so rarely).
+func (p *Pipeline) baseType(ctx context.Context, oid uint32) (uint32, error) {
+	cat, err := replication.OpenCatalog(ctx, p.cfg.Postgres.URL)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = cat.Close(context.Background()) }()
+	return cat.BaseType(ctx, oid)
 }
 
 // identify learns, once, what identifies the slot across processes (exactly-once mode only): the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -344,7 +345,7 @@ func testBrokerOutageUnderLoad(t *testing.T, mode deliveryMode) {
 }
 
 // TestPayloadColumnTypes: json, text and bytea payload columns are forwarded as stored (bytea as its
-// raw bytes), like jsonb.
+// raw bytes), like jsonb; so is a payload of a domain over bytea (decoded as its base type).
 func TestPayloadColumnTypes(t *testing.T) {
 	tests := []struct {
 		name, alter, insertExpr, want string
@@ -352,11 +353,21 @@ func TestPayloadColumnTypes(t *testing.T) {
 		{"json keeps its text", "json USING payload::json", `'{"b":1,  "a":2}'::json`, `{"b":1,  "a":2}`},
 		{"text", "text USING payload::text", `'plain text, not JSON'`, `plain text, not JSON`},
 		{"bytea raw bytes", "bytea USING convert_to(payload::text, 'UTF8')", `'\x00ff10'::bytea`, "\x00\xff\x10"},
+		{"domain over a domain over bytea", "%s_bytes2 USING convert_to(payload::text, 'UTF8')", `'\x00ff10'::bytea`, "\x00\xff\x10"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := testenv.NewFixture(t)
 			ctx := context.Background()
+			if strings.Contains(tt.alter, "%s") {
+				tt.alter = fmt.Sprintf(tt.alter, f.Table)
+				for _, ddl := range []string{"CREATE DOMAIN " + f.Table + "_bytes AS bytea", "CREATE DOMAIN " + f.Table + "_bytes2 AS " + f.Table + "_bytes CHECK (octet_length(VALUE) < 1000)"} {
+					if _, err := f.DB.Exec(ctx, ddl); err != nil {
+						t.Fatal(err)
+					}
+				}
+				t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP DOMAIN IF EXISTS "+f.Table+"_bytes CASCADE") })
+			}
 			if _, err := f.DB.Exec(ctx, "ALTER TABLE "+f.Table+" ALTER COLUMN payload TYPE "+tt.alter); err != nil {
 				t.Fatal(err)
 			}

@@ -44,9 +44,6 @@ type ResyncResult struct {
 	PerTopic map[string]int64
 }
 
-// snapshotFetchSize is how many rows one FETCH reads from the snapshot cursor.
-const snapshotFetchSize = 1000
-
 // Resync (re)creates the slot with an exported snapshot, publishes the outbox rows visible in that
 // snapshot through the same router, dead-letter rules and ack tracking as Run, then streams from the
 // slot's consistent point exactly as Run does (unless SnapshotOnly or DryRun). A row committed before
@@ -161,7 +158,11 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 // snapshotColumns are the columns a snapshot is filtered and ordered by.
 func (p *Pipeline) snapshotColumns() replication.SnapshotColumns {
 	c := p.cfg.Postgres.Columns
-	return replication.SnapshotColumns{EventType: c.EventType, AggregateID: c.AggregateID, AggregateVersion: c.AggregateVersion, CreatedAt: c.CreatedAt}
+	cols := replication.SnapshotColumns{EventType: c.EventType, AggregateID: c.AggregateID, AggregateVersion: c.AggregateVersion, CreatedAt: c.CreatedAt}
+	for _, r := range columnRoles(p.cfg, p.rules) {
+		cols.Read = append(cols.Read, r.Column)
+	}
+	return cols
 }
 
 func (o ResyncOptions) filter() replication.SnapshotFilter {

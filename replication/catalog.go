@@ -218,6 +218,21 @@ func (c *Catalog) Timeline(ctx context.Context) (uint32, error) {
 	return uint32(tl), nil
 }
 
+// BaseType returns the base type of a domain (through domains over domains), or oid itself for any
+// other type, and for a type that no longer exists.
+func (c *Catalog) BaseType(ctx context.Context, oid uint32) (uint32, error) {
+	var base uint32
+	err := c.conn.QueryRow(ctx, `WITH RECURSIVE d(oid, base, kind, depth) AS (
+			SELECT oid, typbasetype, typtype::text, 0 FROM pg_type WHERE oid = $1
+			UNION ALL
+			SELECT t.oid, t.typbasetype, t.typtype::text, d.depth + 1 FROM pg_type t JOIN d ON t.oid = d.base WHERE d.kind = 'd' AND d.depth < 64)
+		SELECT coalesce((SELECT oid FROM d WHERE kind <> 'd' ORDER BY depth DESC LIMIT 1), $1)`, oid).Scan(&base)
+	if err != nil {
+		return 0, fmt.Errorf("look up the base type of type %d: %w", oid, err)
+	}
+	return base, nil
+}
+
 // MayReplicateSQL is a scalar subquery that is true when the current role may stream logical
 // replication: it has REPLICATION, is a superuser, or is a member of rds_replication (Amazon RDS and
 // Aurora grant the right through that role, leaving the attribute false).

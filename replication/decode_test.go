@@ -106,16 +106,15 @@ func (h *recordingHandler) Deliver(_ context.Context, tx *checkpoint.Tx, row Row
 	return nil
 }
 
+// testRoles are the columns the router reads in the stream tests (none required: the tests' tables
+// have a few of them).
+var testRoles = []ColumnRole{{Column: "event_id"}, {Column: "event_type"}, {Column: "aggregate_id"}, {Column: "payload"}, {Column: "headers"}, {Column: "created_at"}}
+
 func newTestStream() *Stream {
-	return &Stream{
-		opts:     Options{Outbox: Outbox{Schema: "public", Table: "outbox", Publication: "pub"}, StatusInterval: time.Hour},
-		types:    pgtype.NewMap(),
-		rels:     make(map[uint32]*relation),
-		counters: new(Counters),
-		tracker:  checkpoint.NewTracker(100),
-		lastSent: time.Now(),
-		sentLSN:  100,
-	}
+	st := newStream(nil, Options{Outbox: Outbox{Schema: "public", Table: "outbox", Publication: "pub"}, StatusInterval: time.Hour,
+		Columns: testRoles, StartLSN: 100, Logger: slog.New(slog.DiscardHandler), Counters: new(Counters)})
+	st.tracker = checkpoint.NewTracker(100)
+	return st
 }
 
 func feed(t *testing.T, st *Stream, h Handler, msgs ...[]byte) {
@@ -276,10 +275,109 @@ func TestStreamRejectsProtocolSurprises(t *testing.T) {
 					break
 				}
 			}
-			if err == nil {
-				t.Fatal("accepted")
+			if !errors.Is(err, ErrUnreadable) {
+				t.Fatalf("error %v, want ErrUnreadable (a replay would meet it again)", err)
 			}
 		})
+	}
+}
+
+// TestOnlyReadColumnsAreConverted: values of columns the router does not read are passed on as sent,
+// whatever they hold; a read timestamp with no RFC 3339 form is passed on as well; a read bytea value
+// that cannot be decoded is the row's problem, never the stream's error.
+func TestOnlyReadColumnsAreConverted(t *testing.T) {
+	st := newTestStream()
+	h := &recordingHandler{}
+	cols := []col{{"event_id", pgtype.UUIDOID}, {"payload", pgtype.ByteaOID}, {"created_at", pgtype.TimestamptzOID},
+		{"expires_at", pgtype.TimestamptzOID}, {"raw", pgtype.ByteaOID}, {"day", pgtype.DateOID}}
+	feed(t, st, h,
+		relationMsg(1, "public", "outbox", cols...),
+		beginMsg(900),
+		insertMsg(1, s("e1"), s(`\x6869`), s("infinity"), s("not a time at all"), s(`\x00ff`), s("-infinity")),
+		insertMsg(1, s("e2"), s(`\xzz`), s("-infinity"), s("infinity"), s(`plain\`), s("infinity")),
+		commitMsg(900, 1000),
+	)
+	if len(h.rows) != 2 {
+		t.Fatalf("delivered %d rows, want 2", len(h.rows))
+	}
+	want := []map[string]string{
+		{"payload": "hi", "created_at": "infinity", "expires_at": "not a time at all", "raw": `\x00ff`, "day": "-infinity"},
+		{"payload": `\xzz`, "created_at": "-infinity", "expires_at": "infinity", "raw": `plain\`, "day": "infinity"},
+	}
+	for i, w := range want {
+		for c, v := range w {
+			if got, _ := h.rows[i].Value(c); string(got) != v {
+				t.Errorf("row %d column %s = %q, want %q", i+1, c, got, v)
+			}
+		}
+	}
+	if p := h.rows[0].Problem(); p != "" {
+		t.Errorf("row 1 has the problem %q", p)
+	}
+	if p := h.rows[1].Problem(); !strings.Contains(p, "column payload") || !strings.Contains(p, "hex") {
+		t.Errorf("row 2's problem %q does not name the payload column and its format", p)
+	}
+}
+
+// TestDomainColumnsAreDecodedAsTheirBaseType: a column of a domain over bytea (or timestamptz) the
+// router reads is decoded as its base type, asked once per type and stream.
+func TestDomainColumnsAreDecodedAsTheirBaseType(t *testing.T) {
+	st := newTestStream()
+	asked := map[uint32]int{}
+	st.opts.BaseType = func(_ context.Context, oid uint32) (uint32, error) {
+		asked[oid]++
+		return map[uint32]uint32{70001: pgtype.ByteaOID, 70002: pgtype.TimestamptzOID, 70003: 70003}[oid], nil
+	}
+	h := &recordingHandler{}
+	cols := []col{{"event_id", pgtype.UUIDOID}, {"payload", 70001}, {"created_at", 70002}, {"unread", 70004}, {"event_type", 70003}}
+	feed(t, st, h,
+		relationMsg(1, "public", "outbox", cols...),
+		beginMsg(900), insertMsg(1, s("e1"), s(`\x6869`), s("2026-12-02 09:30:00+01"), s("u"), s("T")), commitMsg(900, 1000),
+		relationMsg(1, "public", "outbox", cols...),
+		beginMsg(1100), insertMsg(1, s("e2"), s(`\x6a6b`), s("infinity"), s("u"), s("T")), commitMsg(1100, 1200),
+	)
+	if v, _ := h.rows[0].Value("payload"); string(v) != "hi" {
+		t.Errorf("payload of a domain over bytea %q, want its bytes", v)
+	}
+	if v, _ := h.rows[0].Value("created_at"); string(v) != "2026-12-02T08:30:00Z" {
+		t.Errorf("created_at of a domain over timestamptz %q, want RFC 3339", v)
+	}
+	if oid, _ := h.rows[1].TypeOID("payload"); oid != pgtype.ByteaOID {
+		t.Errorf("payload's type %d, want its base type bytea", oid)
+	}
+	if asked[70001] != 1 || asked[70002] != 1 || asked[70003] != 1 || asked[70004] != 0 {
+		t.Errorf("base types asked %v: want each read column's type once, an unread column's never", asked)
+	}
+	st = newTestStream()
+	st.opts.BaseType = func(context.Context, uint32) (uint32, error) { return 0, errors.New("catalog down") }
+	if err := st.handleWAL(context.Background(), h, pglogrepl.XLogData{WALData: relationMsg(1, "public", "outbox", cols...)}); err == nil || errors.Is(err, ErrUnreadable) {
+		t.Fatalf("a failed type look-up gave %v, want a (transient) error", err)
+	}
+}
+
+func TestDecodeBytea(t *testing.T) {
+	tests := []struct {
+		text, want, err string
+	}{
+		{`\x`, "", ""},
+		{`\x00ff5C0a`, "\x00\xff\\\n", ""},
+		{`abc`, "abc", ""},
+		{`\\'\000\377\012x`, "\\'\x00\xff\nx", ""},
+		{`\x0`, "", "hex"},
+		{`\x0g`, "", "hex"},
+		{`a\9bc`, "", "escape"},
+		{`a\400`, "", "escape"},
+		{`tail\`, "", "escape"},
+		{`\12`, "", "escape"},
+	}
+	for _, tt := range tests {
+		got, err := decodeBytea([]byte(tt.text))
+		switch {
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("decodeBytea(%q) error %v, want one naming %s", tt.text, err, tt.err)
+		case tt.err == "" && (err != nil || string(got) != tt.want):
+			t.Errorf("decodeBytea(%q) = %q, %v, want %q", tt.text, got, err, tt.want)
+		}
 	}
 }
 
@@ -294,20 +392,25 @@ func TestSplitTable(t *testing.T) {
 // TestTimestampsBecomeRFC3339: created_at of type timestamptz is sent in UTC; of type timestamp
 // (without time zone) its wall time is taken as UTC; infinity is passed as it is.
 func TestTimestampsBecomeRFC3339(t *testing.T) {
-	d := NewRowDecoder()
+	d := NewRowDecoder([]string{"created_at"})
 	tests := []struct {
 		oid        uint32
 		text, want string
 	}{
 		{pgtype.TimestamptzOID, "2026-12-02 09:30:00.5+01", "2026-12-02T08:30:00.5Z"},
+		{pgtype.TimestamptzOID, "2026-12-02 09:30:00+05:30:15", "2026-12-02T03:59:45Z"},
+		{pgtype.TimestamptzOID, "infinity", "infinity"},
+		{pgtype.TimestamptzOID, "-infinity", "-infinity"},
+		{pgtype.TimestamptzOID, "02.12.2026 09:30:00 CET", "02.12.2026 09:30:00 CET"}, // not ISO: passed on
 		{pgtype.TimestampOID, "2026-12-02 09:30:00.123456", "2026-12-02T09:30:00.123456Z"},
 		{pgtype.TimestampOID, "2026-12-02 09:30:00", "2026-12-02T09:30:00Z"},
 		{pgtype.TimestampOID, "infinity", "infinity"},
+		{pgtype.TimestampOID, "-infinity", "-infinity"},
 	}
 	for _, tt := range tests {
-		row, err := d.Decode([]string{"created_at"}, []uint32{tt.oid}, [][]byte{[]byte(tt.text)})
-		if err != nil {
-			t.Fatalf("%s: %v", tt.text, err)
+		row := d.Decode([]string{"created_at"}, []uint32{tt.oid}, [][]byte{[]byte(tt.text)})
+		if p := row.Problem(); p != "" {
+			t.Fatalf("%s: %s", tt.text, p)
 		}
 		if v, _ := row.Value("created_at"); string(v) != tt.want {
 			t.Errorf("%s (oid %d) -> %q, want %q", tt.text, tt.oid, v, tt.want)

@@ -1,6 +1,8 @@
 package replication
 
 import (
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,10 +14,12 @@ import (
 type Column struct {
 	// Name is the column's name from the latest Relation message.
 	Name string
-	// TypeOID is the column's data type.
+	// TypeOID is the column's data type; for a column of a domain type, the domain's base type.
 	TypeOID uint32
-	// Value is the column's value: the text form PostgreSQL sends, except bytea, which is decoded to
-	// its raw bytes. Nil when Null.
+	// Value is the column's value. Columns the router reads are converted: bytea to its raw bytes,
+	// timestamptz and timestamp to RFC 3339 in UTC; every other value, and a timestamp with no RFC
+	// 3339 form (infinity), is the text PostgreSQL sent, under the session settings the connection
+	// pins (SessionSettings). Nil when Null.
 	Value []byte
 	// Null is true for SQL NULL.
 	Null bool
@@ -28,6 +32,9 @@ type Row struct {
 	// LSN is the WAL position of the insert. Several rows may share one (COPY, multi-row INSERT);
 	// it is informational only: only a transaction's end LSN is ever confirmed.
 	LSN LSN
+	// problem, when not empty, says why a column the router reads could not be decoded: the row
+	// cannot be delivered as it is (Problem), and goes to the dead-letter topic with this reason.
+	problem string
 }
 
 // Value returns the value of the named column and true, or nil and false when the column is NULL or
@@ -55,6 +62,11 @@ func (r *Row) TypeOID(name string) (uint32, bool) {
 	return 0, false
 }
 
+// Problem says why a column the router reads could not be decoded, or "" when every one could. A row
+// with a problem is undeliverable as it is: the router dead-letters it with this reason (or stops,
+// naming it, without a dead-letter topic); it never stops the stream.
+func (r *Row) Problem() string { return r.problem }
+
 // Size is the number of value bytes of the row.
 func (r *Row) Size() int {
 	n := 0
@@ -64,98 +76,164 @@ func (r *Row) Size() int {
 	return n
 }
 
+// pinSessionSettings sets, over whatever the URL said, the settings that shape the text of values
+// PostgreSQL sends (pgoutput's tuples, a snapshot's rows) and that the decoder relies on. A role or
+// database may set any of them (ALTER ROLE ... SET DateStyle = 'SQL, DMY'), and such settings apply to
+// replication connections too; sent as startup parameters, these take precedence over them.
+func pinSessionSettings(params map[string]string) {
+	params["DateStyle"] = "ISO, MDY"
+	params["IntervalStyle"] = "postgres"
+	params["bytea_output"] = "hex"
+	params["TimeZone"] = "UTC"
+	params["client_encoding"] = "UTF8"
+}
+
 // relation is a cached Relation message.
 type relation struct {
 	namespace, name string
 	columns         []*pglogrepl.RelationMessageColumn
 	outbox          bool // the configured outbox table
+	// For the outbox: per column, the base type (a domain's base type, else the column's type) and
+	// whether the router reads it (only those are converted).
+	types []uint32
+	used  []bool
 }
 
-// decodeTuple turns an insert's tuple into a Row, aligning columns by index with the relation.
+// ErrUnreadable is returned (wrapped) when the WAL stream holds a message outbox-cdc cannot read (a
+// malformed message, an insert whose columns do not match its Relation message): the server would
+// send it again on every replay, so the stream stops naming its position rather than replay forever.
+var ErrUnreadable = errors.New("the replication stream holds a message outbox-cdc cannot read")
+
+// decodeTuple turns an insert's tuple into a Row, aligning columns by index with the relation. A
+// column the router reads that cannot be decoded makes the row's Problem, not an error: only a tuple
+// that does not fit its relation is one.
 func decodeTuple(types *pgtype.Map, rel *relation, tuple []tupleColumn, lsn LSN) (Row, error) {
 	if len(tuple) != len(rel.columns) {
-		return Row{}, fmt.Errorf("insert into %s.%s has %d columns, its relation message %d", rel.namespace, rel.name, len(tuple), len(rel.columns))
+		return Row{}, fmt.Errorf("%w: insert into %s.%s has %d columns, its relation message %d", ErrUnreadable, rel.namespace, rel.name, len(tuple), len(rel.columns))
 	}
 	row := Row{Columns: make([]Column, len(tuple)), LSN: lsn}
 	for i, col := range tuple {
 		rc := rel.columns[i]
-		out := Column{Name: rc.Name, TypeOID: rc.DataType}
+		out := Column{Name: rc.Name, TypeOID: rel.types[i]}
 		switch col.kind {
 		case pglogrepl.TupleDataTypeNull:
 			out.Null = true
 		case pglogrepl.TupleDataTypeToast:
 			// Inserts always carry every value; an unchanged TOAST marker here is a protocol surprise.
-			return Row{}, fmt.Errorf("insert into %s.%s: column %s arrived as an unchanged TOAST value", rel.namespace, rel.name, rc.Name)
+			return Row{}, fmt.Errorf("%w: insert into %s.%s: column %s arrived as an unchanged TOAST value", ErrUnreadable, rel.namespace, rel.name, rc.Name)
 		case pglogrepl.TupleDataTypeText:
-			v, err := decodeText(types, rc.Name, rc.DataType, col.data)
-			if err != nil {
-				return Row{}, err
+			out.Value = col.data
+			if rel.used[i] {
+				v, err := convertText(types, out.TypeOID, col.data)
+				if err != nil && row.problem == "" {
+					row.problem = fmt.Sprintf("column %s: %v", rc.Name, err)
+				}
+				if err == nil {
+					out.Value = v
+				}
 			}
-			out.Value = v
 		case pglogrepl.TupleDataTypeBinary:
 			out.Value = col.data
 		default:
-			return Row{}, fmt.Errorf("column %s: unknown tuple data type %q", rc.Name, col.kind)
+			return Row{}, fmt.Errorf("%w: column %s: unknown tuple data type %q", ErrUnreadable, rc.Name, col.kind)
 		}
 		row.Columns[i] = out
 	}
 	return row, nil
 }
 
-// decodeText turns a column's text form into the bytes outbox-cdc forwards: bytea as its raw bytes,
-// timestamptz as RFC 3339 in UTC (whatever the server's DateStyle), timestamp (without time zone) as
-// RFC 3339 taking its wall time as UTC, everything else as sent.
-func decodeText(types *pgtype.Map, name string, oid uint32, text []byte) ([]byte, error) {
+// convertText turns the text form of a column the router reads into the bytes it forwards: bytea as
+// its raw bytes (from either bytea_output format), timestamptz as RFC 3339 in UTC, timestamp (without
+// time zone) as RFC 3339 taking its wall time as UTC, everything else as sent. A timestamp with no RFC
+// 3339 form (infinity, -infinity) or one it cannot read is passed on as PostgreSQL wrote it: a header
+// value, never a reason to hold the stream. Only a bytea value it cannot read is an error.
+func convertText(types *pgtype.Map, oid uint32, text []byte) ([]byte, error) {
 	switch oid {
 	case pgtype.ByteaOID:
-		var b []byte
-		if err := types.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, text, &b); err != nil {
-			return nil, fmt.Errorf("decode bytea column %s: %w", name, err)
-		}
-		return b, nil
+		return decodeBytea(text)
 	case pgtype.TimestamptzOID:
-		var ts time.Time
-		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, text, &ts); err != nil {
-			return nil, fmt.Errorf("decode timestamptz column %s: %w", name, err)
+		var ts pgtype.Timestamptz
+		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, text, &ts); err != nil || !ts.Valid || ts.InfinityModifier != pgtype.Finite {
+			return text, nil
 		}
-		return []byte(ts.UTC().Format(time.RFC3339Nano)), nil
+		return ts.Time.UTC().AppendFormat(nil, time.RFC3339Nano), nil
 	case pgtype.TimestampOID:
 		var ts pgtype.Timestamp
-		if err := types.Scan(pgtype.TimestampOID, pgtype.TextFormatCode, text, &ts); err != nil {
-			return nil, fmt.Errorf("decode timestamp column %s: %w", name, err)
+		if err := types.Scan(pgtype.TimestampOID, pgtype.TextFormatCode, text, &ts); err != nil || !ts.Valid || ts.InfinityModifier != pgtype.Finite {
+			return text, nil
 		}
-		if ts.InfinityModifier != pgtype.Finite {
-			return text, nil // infinity and -infinity have no RFC 3339 form
-		}
-		return []byte(time.Date(ts.Time.Year(), ts.Time.Month(), ts.Time.Day(), ts.Time.Hour(), ts.Time.Minute(), ts.Time.Second(), ts.Time.Nanosecond(), time.UTC).Format(time.RFC3339Nano)), nil
+		t := ts.Time
+		return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC).AppendFormat(nil, time.RFC3339Nano), nil
 	default:
 		return text, nil
 	}
 }
 
+// decodeBytea reads bytea's text form in either output format: hex (\x then two hex digits a byte,
+// the default, and what the connections pin) or escape (printable bytes as themselves, \\ for a
+// backslash, \ooo in octal for the rest).
+func decodeBytea(text []byte) ([]byte, error) {
+	if len(text) >= 2 && text[0] == '\\' && text[1] == 'x' {
+		out := make([]byte, hex.DecodedLen(len(text)-2))
+		if _, err := hex.Decode(out, text[2:]); err != nil {
+			return nil, fmt.Errorf("bytea in hex format: %w", err)
+		}
+		return out, nil
+	}
+	out := make([]byte, 0, len(text))
+	for i := 0; i < len(text); i++ {
+		c := text[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		switch {
+		case i+1 < len(text) && text[i+1] == '\\':
+			out = append(out, '\\')
+			i++
+		case i+3 < len(text) && isOctal(text[i+1]) && text[i+1] <= '3' && isOctal(text[i+2]) && isOctal(text[i+3]):
+			out = append(out, (text[i+1]-'0')<<6|(text[i+2]-'0')<<3|(text[i+3]-'0'))
+			i += 3
+		default:
+			return nil, fmt.Errorf("bytea in escape format: invalid escape at byte %d", i)
+		}
+	}
+	return out, nil
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+
 // RowDecoder decodes rows read with SQL in text format (a snapshot) exactly as WAL rows are decoded.
 type RowDecoder struct {
 	types *pgtype.Map
+	used  map[string]bool
 }
 
-// NewRowDecoder returns a decoder.
-func NewRowDecoder() *RowDecoder { return &RowDecoder{types: pgtype.NewMap()} }
+// NewRowDecoder returns a decoder that converts the named columns (the ones the router reads) and
+// passes every other one on as sent.
+func NewRowDecoder(used []string) *RowDecoder {
+	d := &RowDecoder{types: pgtype.NewMap(), used: make(map[string]bool, len(used))}
+	for _, name := range used {
+		d.used[name] = true
+	}
+	return d
+}
 
-// Decode builds a Row from column names, type OIDs and text values (nil = NULL).
-func (d *RowDecoder) Decode(names []string, oids []uint32, values [][]byte) (Row, error) {
+// Decode builds a Row from column names, base type OIDs and text values (nil = NULL). A column the
+// router reads that cannot be decoded makes the row's Problem.
+func (d *RowDecoder) Decode(names []string, oids []uint32, values [][]byte) Row {
 	row := Row{Columns: make([]Column, len(names))}
 	for i, name := range names {
-		c := Column{Name: name, TypeOID: oids[i]}
-		if values[i] == nil {
-			c.Null = true
-		} else {
-			v, err := decodeText(d.types, name, oids[i], values[i])
-			if err != nil {
-				return Row{}, err
+		c := Column{Name: name, TypeOID: oids[i], Value: values[i], Null: values[i] == nil}
+		if !c.Null && d.used[name] {
+			v, err := convertText(d.types, oids[i], values[i])
+			if err == nil {
+				c.Value = v
+			} else if row.problem == "" {
+				row.problem = fmt.Sprintf("column %s: %v", name, err)
 			}
-			c.Value = v
 		}
 		row.Columns[i] = c
 	}
-	return row, nil
+	return row
 }

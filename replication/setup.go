@@ -18,6 +18,7 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	pinSessionSettings(cfg.RuntimeParams) // pgoutput writes values under the walsender's settings
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}

@@ -23,6 +23,9 @@ type SnapshotFilter struct {
 type SnapshotColumns struct {
 	// EventType and AggregateID are required; AggregateVersion and CreatedAt may be empty.
 	EventType, AggregateID, AggregateVersion, CreatedAt string
+	// Read are all the columns the router reads: only their values are converted (bytea to bytes,
+	// timestamps to RFC 3339), exactly as the stream converts them.
+	Read []string
 }
 
 // Snapshot reads outbox rows in one repeatable-read, read-only transaction: the snapshot a slot
@@ -30,9 +33,8 @@ type SnapshotColumns struct {
 // order — by aggregate, then its version, then created-at, then physical position — so that each
 // Kafka key receives its events in order. It is not safe for concurrent use.
 type Snapshot struct {
-	conn    *pgx.Conn
-	decoder *RowDecoder
-	open    bool // the cursor is declared
+	conn *pgx.Conn
+	open bool // the cursor is declared
 }
 
 // exportedSnapshotRE is the form of the snapshot names PostgreSQL exports: it is spliced into SET
@@ -46,7 +48,12 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 	if name != "" && !exportedSnapshotRE.MatchString(name) {
 		return nil, fmt.Errorf("unexpected exported snapshot name %q", name)
 	}
-	conn, err := pgx.Connect(ctx, url)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+	}
+	pinSessionSettings(cfg.RuntimeParams) // the rows are read in text form
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect for the snapshot: %w", err)
 	}
@@ -60,7 +67,7 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 			return nil, fmt.Errorf("open the snapshot (%s): %w", st, err)
 		}
 	}
-	return &Snapshot{conn: conn, decoder: NewRowDecoder()}, nil
+	return &Snapshot{conn: conn}, nil
 }
 
 // Close ends the snapshot's transaction and closes its connection.
@@ -146,6 +153,7 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		return fmt.Errorf("open snapshot cursor: %w", err)
 	}
 	s.open = true
+	decoder := NewRowDecoder(cols.Read)
 	for {
 		// The simple protocol returns every value in text form, as the WAL carries them.
 		results, err := s.conn.PgConn().Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotFetchSize, cursorName)).ReadAll()
@@ -159,13 +167,10 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		names := make([]string, len(r.FieldDescriptions))
 		oids := make([]uint32, len(r.FieldDescriptions))
 		for i, fd := range r.FieldDescriptions {
-			names[i], oids[i] = fd.Name, fd.DataTypeOID
+			names[i], oids[i] = fd.Name, fd.DataTypeOID // a domain column is described by its base type
 		}
 		for _, values := range r.Rows {
-			row, err := s.decoder.Decode(names, oids, values)
-			if err != nil {
-				return fmt.Errorf("decode snapshot row: %w", err)
-			}
+			row := decoder.Decode(names, oids, values)
 			if err := fn(&row); err != nil {
 				return err
 			}

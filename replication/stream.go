@@ -77,7 +77,9 @@ type Stream struct {
 	log      *slog.Logger
 	types    *pgtype.Map
 	rels     map[uint32]*relation
-	tuple    []tupleColumn // scratch for parseInsert, reused row after row
+	used     map[string]bool   // the columns the router reads (Options.Columns)
+	bases    map[uint32]uint32 // BaseType's answers
+	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
 	counters *Counters
 
 	tracker *checkpoint.Tracker
@@ -117,6 +119,12 @@ type Options struct {
 	// ConfirmLimit, if not nil, returns the highest position that may be confirmed regardless of the
 	// watermark: the last WAL position at which the outbox was verified to be published.
 	ConfirmLimit func() LSN
+	// BaseType, if not nil, returns the base type of a type that is not built in (a domain's base
+	// type, through domains over domains; any other type itself), so that a domain over bytea or
+	// timestamptz is decoded as one. It is asked once per type and stream, when a Relation message of
+	// the outbox names one for a column the router reads; an error ends the stream (and the session is
+	// retried). Nil takes every type as itself.
+	BaseType func(ctx context.Context, oid uint32) (uint32, error)
 	// Logger receives the stream's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the stream runs.
@@ -164,6 +172,13 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		}
 		return nil, fmt.Errorf("start replication on slot %q: %w", opts.Slot, err)
 	}
+	s := newStream(conn, opts)
+	return s, nil
+}
+
+// newStream is the stream of a replication connection on which START_REPLICATION succeeded, with
+// Start's defaults applied to opts.
+func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 	now := time.Now()
 	s := &Stream{
 		conn:     conn,
@@ -171,13 +186,18 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		log:      opts.Logger,
 		types:    pgtype.NewMap(),
 		rels:     make(map[uint32]*relation),
+		used:     make(map[string]bool, len(opts.Columns)),
+		bases:    make(map[uint32]uint32),
 		counters: opts.Counters,
 		sentLSN:  opts.StartLSN,
 		lastSent: now,
 		heard:    now,
 	}
+	for _, c := range opts.Columns {
+		s.used[c.Column] = true
+	}
 	s.counters.ConfirmedLSN.Store(uint64(opts.StartLSN))
-	return s, nil
+	return s
 }
 
 // Run receives the WAL until ctx ends or an error occurs, handing outbox rows to h and confirming the
@@ -309,7 +329,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		case pglogrepl.MessageTypeUpdate, pglogrepl.MessageTypeDelete:
 			id, err := relationOf(data)
 			if err != nil {
-				return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
+				return fmt.Errorf("%w: decode pgoutput message at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 			}
 			if data[0] == byte(pglogrepl.MessageTypeUpdate) {
 				s.countIgnored(id, &s.counters.IgnoredUpdates)
@@ -321,7 +341,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 	}
 	msg, err := parseMessage(data)
 	if err != nil {
-		return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
+		return fmt.Errorf("%w: decode pgoutput message at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessageV2:
@@ -337,11 +357,14 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 			if err := s.checkColumns(rel, LSN(xld.WALStart)); err != nil {
 				return err
 			}
+			if err := s.columnTypes(ctx, rel); err != nil {
+				return err
+			}
 		}
 		s.rels[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
 		if s.current != nil {
-			return fmt.Errorf("replication stream: Begin of xid %d inside an unfinished transaction", m.Xid)
+			return fmt.Errorf("%w: Begin of xid %d at %s inside an unfinished transaction", ErrUnreadable, m.Xid, LSN(xld.WALStart))
 		}
 		s.current = s.tracker.Begin(m.CommitTime, LSN(m.FinalLSN))
 	case *pglogrepl.TruncateMessageV2:
@@ -350,7 +373,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		}
 	case *pglogrepl.CommitMessage:
 		if s.current == nil {
-			return errors.New("replication stream: Commit without Begin")
+			return fmt.Errorf("%w: Commit without Begin at %s", ErrUnreadable, LSN(xld.WALStart))
 		}
 		tx := s.current
 		s.tracker.Commit(tx, LSN(m.TransactionEndLSN))
@@ -370,7 +393,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLogData) error {
 	id, err := relationOf(xld.WALData)
 	if err != nil {
-		return fmt.Errorf("decode pgoutput message at %s: %w", LSN(xld.WALStart), err)
+		return fmt.Errorf("%w: decode pgoutput message at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 	}
 	rel, err := s.relation(id)
 	if err != nil {
@@ -381,11 +404,11 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 		return nil
 	}
 	if s.current == nil {
-		return errors.New("replication stream: insert outside a transaction")
+		return fmt.Errorf("%w: insert outside a transaction at %s", ErrUnreadable, LSN(xld.WALStart))
 	}
 	_, s.tuple, err = parseInsert(xld.WALData, s.tuple)
 	if err != nil {
-		return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
+		return fmt.Errorf("%w: decode outbox row at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 	}
 	row, err := decodeTuple(s.types, rel, s.tuple, LSN(xld.WALStart))
 	if err != nil {
@@ -415,10 +438,35 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 	return nil
 }
 
+// firstUserOID is PostgreSQL's FirstNormalObjectId: types below it are built in.
+const firstUserOID = 16384
+
+// columnTypes fills the outbox relation's per-column base types and which columns the router reads.
+func (s *Stream) columnTypes(ctx context.Context, rel *relation) error {
+	rel.types = make([]uint32, len(rel.columns))
+	rel.used = make([]bool, len(rel.columns))
+	for i, c := range rel.columns {
+		rel.types[i], rel.used[i] = c.DataType, s.used[c.Name]
+		if !rel.used[i] || c.DataType < firstUserOID || s.opts.BaseType == nil {
+			continue
+		}
+		base, ok := s.bases[c.DataType]
+		if !ok {
+			var err error
+			if base, err = s.opts.BaseType(ctx, c.DataType); err != nil {
+				return fmt.Errorf("look up the type of outbox column %s: %w", c.Name, err)
+			}
+			s.bases[c.DataType] = base
+		}
+		rel.types[i] = base
+	}
+	return nil
+}
+
 func (s *Stream) relation(id uint32) (*relation, error) {
 	rel, ok := s.rels[id]
 	if !ok {
-		return nil, fmt.Errorf("replication stream: change for relation %d before its Relation message", id)
+		return nil, fmt.Errorf("%w: change for relation %d before its Relation message", ErrUnreadable, id)
 	}
 	return rel, nil
 }

@@ -75,7 +75,7 @@ type Observer interface {
 	// Produce to the acknowledgement, and the time from its transaction's commit to the acknowledgement.
 	Produced(topic, eventType string, bytes int, produceLatency, endToEnd time.Duration)
 	// DeadLettered reports a record acknowledged on the dead-letter topic, with the class of its
-	// reason: unroutable, too_large or rejected.
+	// reason: unroutable, undecodable, too_large or rejected.
 	DeadLettered(eventType, class string)
 }
 
@@ -432,16 +432,27 @@ func (r *Router) checkPartitions(rec *kgo.Record) {
 // delivered (problem) and the class of that reason.
 func resolve(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
 	rec, problem = buildRecord(row, cols, f)
+	class = "unroutable"
+	if pr, ok := row.(problemRow); ok && problem == nil {
+		if p := pr.Problem(); p != "" {
+			problem, class = &undeliverable{reason: "a value could not be decoded: " + p}, "undecodable"
+		}
+	}
 	if problem == nil {
 		rec.Topic, problem = rules.Topic(row)
 	}
 	size = recordSize(rec)
-	class = "unroutable"
 	if problem == nil && size > int(maxMessageBytes) {
 		problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds kafka.max_message_bytes (%d)", size, maxMessageBytes)}
 		class = "too_large"
 	}
 	return rec, size, problem, class
+}
+
+// problemRow is a Row that may hold a value its decoder could not read (replication.Row does): it
+// cannot be delivered as it is.
+type problemRow interface {
+	Problem() string
 }
 
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.

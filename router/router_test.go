@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -399,6 +400,60 @@ func TestUnroutableWithoutDLQNamesEvent(t *testing.T) {
 	}
 	if !errors.As(r.Err(), &u) {
 		t.Fatalf("router error %v", r.Err())
+	}
+}
+
+// undecodedRow is a row whose decoder could not read a value the router reads.
+type undecodedRow struct {
+	mapRow
+	problem string
+}
+
+func (r undecodedRow) Problem() string { return r.problem }
+
+// TestUndecodableRowIsDeadLettered: a row with a value its decoder could not read is a dead letter
+// with the reason and its event id; without a dead-letter topic it stops the router naming the event —
+// never a session that replays to the same row forever.
+func TestUndecodableRowIsDeadLettered(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	obs := &classes{}
+	r := testRouter(t, c, func(o *Options) { o.DLQTopic = "dlq"; o.Observer = obs; o.Kafka.CreateTopics = true })
+	bad := undecodedRow{row("Paid", "e-bad"), "column payload: bytea in hex format: encoding/hex: invalid byte"}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := r.Prepare(ctx, bad, Source{LSN: "0/1"})
+	if err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	if p.Topic() != "" || !strings.Contains(p.dlqReason, "could not be decoded") || !strings.Contains(p.dlqReason, "column payload") {
+		t.Fatalf("prepared for topic %q with reason %q, want the dead-letter topic with the decoding problem", p.Topic(), p.dlqReason)
+	}
+	acked := make(chan struct{})
+	r.Produce(p, func() { close(acked) })
+	select {
+	case <-acked:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("not acknowledged through the dead-letter topic: %v", r.Err())
+	}
+	obs.mu.Lock()
+	if !slices.Equal(obs.got, []string{"undecodable"}) {
+		t.Errorf("dead-letter classes %v, want [undecodable]", obs.got)
+	}
+	obs.mu.Unlock()
+	good := undecodedRow{row("Paid", "e-good"), ""}
+	if p, err := r.Prepare(ctx, good, Source{LSN: "0/2"}); err != nil || p.Topic() != "Paid" {
+		t.Fatalf("a row without a problem went to %q (%v)", p.Topic(), err)
+	}
+
+	r2, _ := newTestRouter(t, c, "")
+	err = send(t, r2, bad, func() { t.Error("acknowledged") })
+	var u *UndeliverableError
+	if !errors.As(err, &u) || u.EventID != "e-bad" || !strings.Contains(err.Error(), "column payload") {
+		t.Fatalf("got %v, want an UndeliverableError naming e-bad and the column", err)
 	}
 }
 
