@@ -106,7 +106,11 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 		steps = append(steps, step{ddl, func() error { return cat.CreateTable(ctx, ddl) }})
 	}
 	if !f.PublicationExists {
-		steps = append(steps, step{replication.CreatePublicationSQL(outbox), func() error { return cat.CreatePublication(ctx, outbox) }})
+		stmt, err := cat.PublicationSQL(ctx, outbox)
+		if err != nil {
+			return err
+		}
+		steps = append(steps, step{stmt, func() error { return cat.CreatePublication(ctx, outbox) }})
 	}
 	if !f.SlotExists {
 		steps = append(steps, step{fmt.Sprintf("%s  -- with $1 = %q", replication.CreateSlotSQL, cfg.Postgres.Slot), func() error {

@@ -360,6 +360,13 @@ func TestSetupErrorsStopWithTheFix(t *testing.T) {
 		{"template column missing", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
 			cfg.Routing.Topic = f.TopicPrefix + ".{tenant}"
 		}, `no column "tenant" (routing.topic)`},
+		{"generated event_type (PostgreSQL 15)", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "ALTER TABLE "+f.Table+" DROP COLUMN event_type, ADD COLUMN event_type text GENERATED ALWAYS AS (payload->>'type') STORED")
+		}, `outbox column "event_type" (postgres.columns.event_type) is a generated column`},
+		{"generated event_type, publication created by the router", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "DROP PUBLICATION "+f.Publication)
+			adminExec(t, admin, "ALTER TABLE "+f.Table+" DROP COLUMN event_type, ADD COLUMN event_type text GENERATED ALWAYS AS (payload->>'type') STORED")
+		}, "PostgreSQL before 18 never publishes generated columns"},
 		{"wal_level replica", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
 			url := testenv.TempCluster(t, "wal_level = replica")
 			db, err := pgx.Connect(context.Background(), url)
@@ -562,5 +569,67 @@ func TestPromotedServerWithoutSlotIsRefused(t *testing.T) {
 	}
 	if slots != 0 {
 		t.Fatalf("%d logical slots on the promoted server, want none created", slots)
+	}
+}
+
+// TestGeneratedColumnsOnPostgres18: PostgreSQL 18 can publish generated columns. A publication the
+// router creates does (publish_generated_columns = stored), so a generated event_type routes every
+// row; an existing publication that does not is refused at start with the statement that fixes it,
+// and after that statement the router streams.
+func TestGeneratedColumnsOnPostgres18(t *testing.T) {
+	ctx := context.Background()
+	pg := testenv.NewClusterOf(t, "18", "wal_level = logical")
+	db, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	adminExec(t, db, `CREATE TABLE outbox (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, payload jsonb NOT NULL,
+		event_type text GENERATED ALWAYS AS (payload->>'type') STORED, created_at timestamptz NOT NULL DEFAULT now())`)
+	prefix := fmt.Sprintf("t.gen18-%x", time.Now().UnixNano()&0xffffff)
+	cfg := config.Default()
+	cfg.Postgres.URL = pg.URL
+	cfg.Kafka.Brokers = testenv.Brokers(t)
+	cfg.Routing.Topic = prefix + ".{event_type}"
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = prefix + ".checkpoints"
+	cfg.Postgres.Columns.AggregateType, cfg.Postgres.Columns.AggregateVersion, cfg.Postgres.Columns.Headers = "", "", ""
+
+	// An existing publication without generated columns: refused, naming the fix.
+	adminExec(t, db, "CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')")
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = p.Run(rctx)
+	cancel()
+	if err == nil || !permanent(err) || !strings.Contains(err.Error(), "publish_generated_columns = stored") {
+		t.Fatalf("run returned %v, want a permanent error naming publish_generated_columns", err)
+	}
+
+	// A publication the router creates carries them.
+	adminExec(t, db, "DROP PUBLICATION outbox_cdc")
+	p, err = New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runInBackground(t, p)
+	testenv.WaitFor(t, time.Minute, "pipeline streaming", func() bool { return p.State() == StateStreaming })
+	ids := []string{testenv.NewUUID(), testenv.NewUUID()}
+	for i, id := range ids {
+		if _, err := db.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_id, payload) VALUES ($1, 'a1', $2)`, id, fmt.Sprintf(`{"type": "Gen%d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := testenv.ConsumeDistinct(t, cfg.Kafka.Brokers, []string{prefix + ".Gen0", prefix + ".Gen1"}, len(ids), time.Minute)
+	for i, id := range ids {
+		found := false
+		for _, r := range got {
+			found = found || (testenv.EventID(r) == id && r.Topic == fmt.Sprintf("%s.Gen%d", prefix, i) && testenv.Header(r, "event_type") == fmt.Sprintf("Gen%d", i))
+		}
+		if !found {
+			t.Errorf("event %s was not delivered to %s.Gen%d with its generated event_type", id, prefix, i)
+		}
 	}
 }

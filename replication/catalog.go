@@ -244,15 +244,17 @@ type tableFacts struct {
 	oid         uint32
 	partitioned bool
 	columns     []string
+	generated   []string // generated columns (GENERATED ALWAYS AS ... STORED)
 }
 
 func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 	var t tableFacts
 	var kind, persistence string
 	err := c.conn.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relpersistence::text,
-		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
+		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
+		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '' ORDER BY a.attnum)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns)
+		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns, &t.generated)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, fmt.Errorf("%w: outbox table %s does not exist (postgres.table); create it from sql/outbox.sql", ErrNotSetUp, o)
 	}
@@ -275,17 +277,25 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 // publication checks (or creates) the publication for the table.
 func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts) (created bool, warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
-	var insert, viaRoot bool
-	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot)
+	var insert, viaRoot, generated bool
+	gencols := "false"
+	if c.version >= 180000 { // read by Setup just before
+		gencols = "pubgencols::text = 's'"
+	}
+	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot, `+gencols+` FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot, &generated)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && !o.CreatePublication:
 		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			ErrNotSetUp, o.Outbox.Publication, pub, o.Outbox.qualified())
 	case errors.Is(err, pgx.ErrNoRows):
+		// A publication created now carries generated columns where the server can (18 and later).
+		if err := c.generatedColumnsError(o, t, true, nil); err != nil {
+			return false, nil, err
+		}
 		if err := c.CreatePublication(ctx, o.Outbox); err != nil {
 			return false, nil, err
 		}
-		return true, nil, nil
+		return true, c.generatedColumns(o, t, true, nil), nil
 	case err != nil:
 		return false, nil, fmt.Errorf("look up publication %q: %w", o.Outbox.Publication, err)
 	case !insert:
@@ -312,7 +322,9 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts)
 		return false, nil, fmt.Errorf("look up the tables of publication %q: %w", o.Outbox.Publication, err)
 	}
 	for _, role := range o.Columns {
-		if published != nil && slices.Contains(t.columns, role.Column) && !slices.Contains(published, role.Column) {
+		// Generated columns are left out of pg_publication_tables' list unless published; they are
+		// checked below.
+		if published != nil && slices.Contains(t.columns, role.Column) && !slices.Contains(t.generated, role.Column) && !slices.Contains(published, role.Column) {
 			if role.Required {
 				return false, nil, fmt.Errorf("%w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
 					ErrNotSetUp, o.Outbox.Publication, o.Outbox, role.Column, role.Key, pub, o.Outbox.qualified())
@@ -323,15 +335,73 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts)
 	if filter != nil {
 		warnings = append(warnings, fmt.Sprintf("publication %q has a row filter on the outbox, %s: rows it leaves out are never delivered", o.Outbox.Publication, *filter))
 	}
-	return false, warnings, nil
+	if err := c.generatedColumnsError(o, t, generated, published); err != nil {
+		return false, nil, err
+	}
+	return false, append(warnings, c.generatedColumns(o, t, generated, published)...), nil
 }
 
-// CreatePublicationSQL is the statement that creates the outbox's publication: inserts only (so that
-// applications may delete what they insert), via the partition root (so that a partitioned outbox's
-// rows arrive under its own name).
-func CreatePublicationSQL(o Outbox) string {
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
-		pgx.Identifier{o.Publication}.Sanitize(), o.qualified())
+// unpublishedGenerated returns the generated columns the router reads that the publication does not
+// carry: every one before PostgreSQL 18, which never publishes generated columns; from 18 on, those
+// the publication neither publishes (publish_generated_columns = stored) nor names in its column list.
+func (c *Catalog) unpublishedGenerated(o SetupOptions, t tableFacts, publishesGenerated bool, columnList []string) (required, optional []ColumnRole) {
+	for _, role := range o.Columns {
+		if !slices.Contains(t.generated, role.Column) {
+			continue
+		}
+		if c.version >= 180000 && (publishesGenerated || slices.Contains(columnList, role.Column)) {
+			continue
+		}
+		if role.Required {
+			required = append(required, role)
+		} else {
+			optional = append(optional, role)
+		}
+	}
+	return required, optional
+}
+
+// generatedFix says how to have a generated column's value reach the router.
+func (c *Catalog) generatedFix(o SetupOptions) string {
+	if c.version >= 180000 {
+		return fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored)", pgx.Identifier{o.Outbox.Publication}.Sanitize())
+	}
+	return "PostgreSQL before 18 never publishes generated columns: make it an ordinary column the application (or a trigger) fills, or upgrade to PostgreSQL 18, where the publication can publish it (publish_generated_columns = stored)"
+}
+
+// generatedColumnsError refuses a required column that is generated and not published: every row
+// would arrive without it, and the stream would stop at the first one.
+func (c *Catalog) generatedColumnsError(o SetupOptions, t tableFacts, publishesGenerated bool, columnList []string) error {
+	required, _ := c.unpublishedGenerated(o, t, publishesGenerated, columnList)
+	if len(required) == 0 {
+		return nil
+	}
+	role := required[0]
+	return fmt.Errorf("%w: outbox column %q (%s) is a generated column, and publication %q does not carry generated columns, so no row would reach the router with it: %s",
+		ErrNotSetUp, role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o))
+}
+
+// generatedColumns warns of optional columns that are generated and not published.
+func (c *Catalog) generatedColumns(o SetupOptions, t tableFacts, publishesGenerated bool, columnList []string) []string {
+	_, optional := c.unpublishedGenerated(o, t, publishesGenerated, columnList)
+	var warnings []string
+	for _, role := range optional {
+		warnings = append(warnings, fmt.Sprintf("outbox column %q (%s) is a generated column that publication %q does not carry: records go without it (%s)",
+			role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o)))
+	}
+	return warnings
+}
+
+// CreatePublicationSQL is the statement that creates the outbox's publication on a server of
+// serverVersion (server_version_num): inserts only (so that applications may delete what they insert),
+// via the partition root (so that a partitioned outbox's rows arrive under its own name), and from
+// PostgreSQL 18 on with generated columns (so that a generated event_type reaches the router).
+func CreatePublicationSQL(o Outbox, serverVersion int) string {
+	with := "publish = 'insert', publish_via_partition_root = true"
+	if serverVersion >= 180000 {
+		with += ", publish_generated_columns = stored"
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{o.Publication}.Sanitize(), o.qualified(), with)
 }
 
 // Verification is one observation that the stream still sees every outbox insert: at LSN the table

@@ -130,10 +130,23 @@ func (c *Catalog) CreateTable(ctx context.Context, ddl string) error {
 	return nil
 }
 
-// CreatePublication creates the outbox's publication (CreatePublicationSQL). A missing privilege
-// wraps ErrNotSetUp.
+// PublicationSQL is CreatePublicationSQL for this server.
+func (c *Catalog) PublicationSQL(ctx context.Context, o Outbox) (string, error) {
+	version, err := c.serverVersion(ctx)
+	if err != nil {
+		return "", err
+	}
+	return CreatePublicationSQL(o, version), nil
+}
+
+// CreatePublication creates the outbox's publication (PublicationSQL). A missing privilege wraps
+// ErrNotSetUp.
 func (c *Catalog) CreatePublication(ctx context.Context, o Outbox) error {
-	if _, err := c.conn.Exec(ctx, CreatePublicationSQL(o)); err != nil {
+	stmt, err := c.PublicationSQL(ctx, o)
+	if err != nil {
+		return err
+	}
+	if _, err := c.conn.Exec(ctx, stmt); err != nil {
 		if isPrivilegeError(err) {
 			return fmt.Errorf("%w: create publication %q: %w", ErrNotSetUp, o.Publication, err)
 		}

@@ -428,7 +428,7 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 			continue
 		}
 		if role.Required {
-			return fmt.Errorf("%w: from WAL position %s on, the outbox %s has no column %q (%s): it was dropped or renamed, or the publication's column list leaves it out. "+
+			return fmt.Errorf("%w: from WAL position %s on, the outbox %s has no column %q (%s): it was dropped or renamed, or the publication's column list leaves it out, or it became a generated column (not published before PostgreSQL 18). "+
 				"Restore the column (or its name), or publish it (ALTER PUBLICATION %s SET TABLE %s), or point %s at its new name; nothing past this position was confirmed",
 				ErrOutboxChanged, at, s.opts.Outbox, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), s.opts.Outbox.qualified(), role.Key)
 		}
