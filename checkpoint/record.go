@@ -44,6 +44,11 @@ type Record struct {
 	// in records of versions that did not write it). After a failover it tells how far the new
 	// primary's WAL is the same as the one the checkpoint counted in.
 	Timeline uint32 `json:"timeline,omitempty"`
+	// TimelineStart is where that timeline began on the server (the end of its parent in the
+	// timeline history; zero on timeline 1, and in records of versions that did not write it). Two
+	// standbys promoted independently can both pick the same timeline number; their start points
+	// tell them apart.
+	TimelineStart LSN `json:"timeline_start,omitempty"`
 	// Transactions and Records count what the Kafka transaction holds (informational).
 	Transactions int `json:"transactions"`
 	Records      int `json:"records"`
@@ -123,10 +128,35 @@ func ParseTimelineHistory(content []byte) ([]TimelineEnd, error) {
 }
 
 // Server is what the exactly-once mode knows of the server it resumes on: its current timeline and
-// that timeline's history (empty on timeline 1, or when the timeline did not change).
+// that timeline's history (empty on timeline 1).
 type Server struct {
 	Timeline uint32
 	History  []TimelineEnd
+}
+
+// TimelineStart returns where timeline tl began in this server's history (the end of the timeline
+// before it; zero for the first), and false when tl is neither the current timeline nor in its
+// history.
+func (s Server) TimelineStart(tl uint32) (LSN, bool) {
+	start := LSN(0)
+	for _, h := range s.History {
+		if h.Timeline == tl {
+			return start, true
+		}
+		start = h.End
+	}
+	return start, tl == s.Timeline
+}
+
+// timelineEnd returns where timeline tl ended in this server's history, and false when it did not
+// end there (it is the current timeline, or not in the history).
+func (s Server) timelineEnd(tl uint32) (LSN, bool) {
+	for _, h := range s.History {
+		if h.Timeline == tl {
+			return h.End, true
+		}
+	}
+	return 0, false
 }
 
 // Resume is where the exactly-once mode resumes.
@@ -155,20 +185,23 @@ func Start(slot LSN, server Server, last *Record, acceptGap bool) (Resume, error
 		return Resume{}, nil
 	}
 	r := Resume{SkipBelow: last.LSN}
-	if last.Timeline != 0 && server.Timeline != 0 && last.Timeline != server.Timeline {
-		end, ok := LSN(0), false
-		if last.Timeline < server.Timeline {
-			for _, h := range server.History {
-				if h.Timeline == last.Timeline {
-					end, ok = h.End, true
-				}
-			}
+	if last.Timeline != 0 && server.Timeline != 0 {
+		// How far this server's WAL is the one the checkpoint counted in: to where the checkpoint's
+		// timeline ended here, if it did; and, if this server's timeline of that number began
+		// elsewhere (a sibling promoted independently), only to where the two branched.
+		shared, ok := server.timelineEnd(last.Timeline)
+		if !ok {
+			shared = last.LSN
 		}
-		switch {
-		case !ok:
+		start, known := server.TimelineStart(last.Timeline)
+		if !known {
 			return Resume{SkipBelow: slot, Unrelated: true}, nil
-		case end < last.LSN:
-			r = Resume{SkipBelow: end, PhantomFrom: end, PhantomTo: last.LSN}
+		}
+		if last.TimelineStart != 0 && start != last.TimelineStart {
+			shared = min(shared, start, last.TimelineStart)
+		}
+		if shared < last.LSN {
+			r = Resume{SkipBelow: shared, PhantomFrom: shared, PhantomTo: last.LSN}
 		}
 	}
 	if slot > r.SkipBelow && !acceptGap {

@@ -32,6 +32,10 @@ func TestStandbyReadinessOnPostgres17(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	// The publication before the slot, as init and run create them (a slot older than its publication
+	// cannot stream).
+	exec("CREATE TABLE outbox (event_id uuid PRIMARY KEY, event_type text NOT NULL, aggregate_type text, aggregate_id text NOT NULL, aggregate_version bigint, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+	exec("CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)")
 	exec("SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput', false, false, true)")
 	standby := primary.Standby(t, "sb1", "sync_replication_slots = on", "hot_standby_feedback = on")
 	exec("ALTER SYSTEM SET synchronized_standby_slots = 'sb1'")

@@ -105,6 +105,9 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 		ddl := outboxsql.TableDDL(pgx.Identifier{outbox.Schema, outbox.Table}.Sanitize())
 		steps = append(steps, step{ddl, func() error { return cat.CreateTable(ctx, ddl) }})
 	}
+	if !f.PublicationExists && f.SlotExists {
+		return replication.MissingPublicationError(outbox, cfg.Postgres.Slot)
+	}
 	if !f.PublicationExists {
 		stmt, err := cat.PublicationSQL(ctx, outbox)
 		if err != nil {

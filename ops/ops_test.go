@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
@@ -67,7 +68,12 @@ func TestEvaluateStatus(t *testing.T) {
 		{"slot ahead of checkpoint", func(s *Status) {
 			s.Slot.ConfirmedFlush = 0x2000
 			s.Checkpoint = &CheckpointReport{Topic: "cp", Known: true, Found: true, LSN: 0x1000}
-		}, "ahead of the last checkpoint 0/1000"},
+		}, "the last checkpoint is at 0/1000"},
+		{"slot past where the checkpoint's timeline ended (a failover)", func(s *Status) {
+			s.Slot.ConfirmedFlush = 0x4800
+			s.Checkpoint = &CheckpointReport{Topic: "cp", Known: true, Found: true, LSN: 0x5000, Timeline: 1,
+				Server: &checkpoint.Server{Timeline: 2, History: []checkpoint.TimelineEnd{{Timeline: 1, End: 0x4000}}}}
+		}, "the last checkpoint is at 0/4000"},
 		{"checkpoint unreadable", func(s *Status) { s.Checkpoint = &CheckpointReport{Topic: "cp", Error: "timeout"} }, "could not be read"},
 	}
 	for _, tt := range tests {

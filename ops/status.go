@@ -68,6 +68,23 @@ type CheckpointReport struct {
 	Found   bool           `json:"found"`
 	LSN     checkpoint.LSN `json:"lsn"`
 	Written time.Time      `json:"written,omitzero"`
+	// Timeline and TimelineStart are the timeline the checkpoint was written on and where it began.
+	Timeline      uint32         `json:"timeline,omitempty"`
+	TimelineStart checkpoint.LSN `json:"timeline_start,omitempty"`
+	// Server is the timeline and history of the server the slot is on (IDENTIFY_SYSTEM): with it,
+	// status decides exactly as run does where the mode would resume, and whether it would refuse.
+	Server *checkpoint.Server `json:"server,omitempty"`
+}
+
+// resume is where run would resume from the checkpoint with the slot confirmed at slot, or the error
+// it would refuse to start with: the same decision (checkpoint.Start), so status and run never disagree.
+func (c *CheckpointReport) resume(slot checkpoint.LSN) (checkpoint.Resume, error) {
+	last := &checkpoint.Record{LSN: c.LSN, Written: c.Written, Timeline: c.Timeline, TimelineStart: c.TimelineStart}
+	var server checkpoint.Server
+	if c.Server != nil {
+		server = *c.Server
+	}
+	return checkpoint.Start(slot, server, last, false)
 }
 
 // Thresholds decide what Evaluate counts as unhealthy.
@@ -99,27 +116,39 @@ func GatherStatus(ctx context.Context, cfg config.Config) Status {
 	return st
 }
 
-// gatherCheckpoint reads the slot's last checkpoint from Kafka; identifying the slot takes a
-// replication connection (IDENTIFY_SYSTEM).
+// gatherCheckpoint reads the slot's last checkpoint from Kafka; identifying the slot and the
+// server's timeline takes a replication connection (IDENTIFY_SYSTEM, TIMELINE_HISTORY), as run's does.
 func gatherCheckpoint(ctx context.Context, cfg config.Config) *CheckpointReport {
 	rep := &CheckpointReport{Topic: cfg.Kafka.CheckpointTopic}
-	sys, db, err := replication.Identify(ctx, cfg.Postgres.URL)
+	srv, err := identifyServer(ctx, cfg.Postgres.URL)
 	if err != nil {
 		rep.Error = err.Error()
 		return rep
 	}
+	server := srv.Checkpoint()
+	rep.Server = &server
 	kctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	last, err := router.ReadCheckpoint(kctx, cfg.Kafka, cfg.Kafka.CheckpointTopic, checkpoint.SlotID{SystemID: sys, Database: db, Slot: cfg.Postgres.Slot}, slog.New(slog.DiscardHandler))
+	last, err := router.ReadCheckpoint(kctx, cfg.Kafka, cfg.Kafka.CheckpointTopic, checkpoint.SlotID{SystemID: srv.SystemID, Database: srv.Database, Slot: cfg.Postgres.Slot}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		rep.Error = err.Error()
 		return rep
 	}
 	rep.Known = true
 	if last != nil {
-		rep.Found, rep.LSN, rep.Written = true, last.LSN, last.Written
+		rep.Found, rep.LSN, rep.Written, rep.Timeline, rep.TimelineStart = true, last.LSN, last.Written, last.Timeline, last.TimelineStart
 	}
 	return rep
+}
+
+// identifyServer asks the server at url who it is over a replication connection of its own.
+func identifyServer(ctx context.Context, url string) (replication.Server, error) {
+	conn, err := replication.Connect(ctx, url)
+	if err != nil {
+		return replication.Server{}, err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	return replication.IdentifyServer(ctx, conn)
 }
 
 func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.Outbox, st *Status) error {
@@ -187,7 +216,10 @@ func (st *Status) Evaluate(th Thresholds) {
 	if s.ResyncMarker && !s.ResyncRunning {
 		problems = append(problems, fmt.Sprintf("a resync of slot %s was interrupted before its snapshot was published: run outbox-cdc resync again", s.Name))
 	}
-	if st.Postgres.Reachable && !st.Publication.Exists {
+	switch {
+	case st.Postgres.Reachable && !st.Publication.Exists && s.Exists:
+		problems = append(problems, fmt.Sprintf("publication %s does not exist, but slot %s does: it was dropped after the slot was created, and run refuses to create it again; recover with outbox-cdc resync", st.Publication.Name, s.Name))
+	case st.Postgres.Reachable && !st.Publication.Exists:
 		problems = append(problems, fmt.Sprintf("publication %s does not exist: start outbox-cdc run (creates it) or outbox-cdc init", st.Publication.Name))
 	}
 	if s.Exists && s.LagBytes > th.MaxLagBytes {
@@ -196,18 +228,27 @@ func (st *Status) Evaluate(th Thresholds) {
 	if !st.Kafka.Reachable {
 		problems = append(problems, "kafka unreachable: "+st.Kafka.Error)
 	}
+	var warnings []string
 	if c := st.Checkpoint; c != nil {
 		switch {
 		case !c.Known:
 			problems = append(problems, fmt.Sprintf("checkpoint topic %s could not be read: %s", c.Topic, c.Error))
-		case c.Found && s.Exists && s.ConfirmedFlush > c.LSN:
-			problems = append(problems, fmt.Sprintf("slot %s is confirmed at %s, ahead of the last checkpoint %s: it was dropped and created anew or advanced by hand, and events between may never have reached Kafka; run refuses to start (recover with outbox-cdc resync, or accept the gap with run --accept-gap)",
-				s.Name, s.ConfirmedFlush, c.LSN))
+		case c.Found && s.Exists:
+			r, err := c.resume(s.ConfirmedFlush)
+			switch {
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("slot %s: run refuses to start: %v", s.Name, err))
+			case r.PhantomTo != 0:
+				warnings = append(warnings, fmt.Sprintf("the last checkpoint (%s, timeline %d) is past where its timeline ended on this server (%s): Kafka holds phantom events from that range; run resumes at %s",
+					c.LSN, c.Timeline, r.PhantomFrom, r.SkipBelow))
+			case r.Unrelated:
+				warnings = append(warnings, fmt.Sprintf("the last checkpoint was written on timeline %d, which is not in this server's history: run resumes from the slot's position, and records may be delivered twice", c.Timeline))
+			}
 		}
 	}
 	fp, fw := st.evaluateFailover()
 	problems = append(problems, fp...)
-	st.Warnings = append(st.Warnings[:0:0], fw...)
+	st.Warnings = append(append(st.Warnings[:0:0], fw...), warnings...)
 	st.Problems = problems
 	st.Healthy = len(problems) == 0
 }

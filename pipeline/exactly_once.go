@@ -21,14 +21,16 @@ import (
 // already covers are skipped whole, by their commit position.
 type txnHandler struct {
 	handler
-	skipBelow  checkpoint.LSN
-	timeline   uint32                // the server's, written into every checkpoint
-	verified   func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
-	interval   time.Duration
-	clock      quietClock // quiet 0: no commit on a quiet stream
-	maxRecords int
-	idleEvery  time.Duration
-	obs        *observed
+	skipBelow checkpoint.LSN
+	// timeline and timelineStart are the server's, written into every checkpoint.
+	timeline      uint32
+	timelineStart checkpoint.LSN
+	verified      func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
+	interval      time.Duration
+	clock         quietClock // quiet 0: no commit on a quiet stream
+	maxRecords    int
+	idleEvery     time.Duration
+	obs           *observed
 
 	committed atomic.Uint64 // the last committed checkpoint: no confirm passes it
 
@@ -125,9 +127,9 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	if h.open != nil {
 		return errors.New("exactly-once: a Kafka transaction would end inside a PostgreSQL transaction")
 	}
-	cp := checkpoint.Record{LSN: h.lastEnd, Transactions: h.txns, Timeline: h.timeline}
+	cp := checkpoint.Record{LSN: h.lastEnd, Transactions: h.txns, Timeline: h.timeline, TimelineStart: h.timelineStart}
 	if h.records == 0 {
-		cp = checkpoint.Record{LSN: h.idlePosition(), Timeline: h.timeline}
+		cp = checkpoint.Record{LSN: h.idlePosition(), Timeline: h.timeline, TimelineStart: h.timelineStart}
 		if cp.LSN <= checkpoint.LSN(h.committed.Load()) {
 			return nil
 		}
@@ -160,9 +162,9 @@ func (h *txnHandler) finish(ctx context.Context, commit bool) (committed bool, e
 
 // startExactlyOnce fences older instances of the slot, reads the last checkpoint and decides where
 // the session resumes: transactions below the returned position are already in Kafka. slot is the
-// slot's confirmed position and timeline the server's. It refuses a slot that stands ahead of the
-// checkpoint unless the gap is accepted.
-func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN, timeline uint32) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
+// slot's confirmed position and srv the server the session streams from. It refuses a slot that
+// stands ahead of the checkpoint unless the gap is accepted.
+func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN, srv replication.Server) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout+30*time.Second)
 	defer cancel()
 	if err := rt.Fence(fctx); err != nil {
@@ -172,18 +174,8 @@ func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot
 	if err != nil {
 		return 0, nil, &kafkaError{err}
 	}
-	server := checkpoint.Server{Timeline: timeline}
-	if last != nil && last.Timeline != 0 && timeline > 1 && last.Timeline != timeline {
-		// A failover (or a recovery to a point in time) since the checkpoint: where did its timeline end?
-		content, err := replication.TimelineHistory(ctx, p.cfg.Postgres.URL, timeline)
-		if err != nil {
-			return 0, nil, err
-		}
-		if server.History, err = checkpoint.ParseTimelineHistory(content); err != nil {
-			return 0, nil, err
-		}
-	}
-	resume, err := checkpoint.Start(slot, server, last, p.acceptGap)
+	timeline := srv.Timeline
+	resume, err := p.gaps.start(slot, srv.Checkpoint(), last)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -208,7 +200,48 @@ func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot
 			"checkpoint_written", last.Written.UTC().Format(time.RFC3339Nano))
 	}
 	if last != nil {
-		p.obs.markCheckpoint(last.LSN)
+		// What the checkpoint counts on this server: after a failover past its timeline's end, less
+		// than its position.
+		p.obs.markCheckpoint(resume.SkipBelow)
 	}
 	return resume.SkipBelow, last, nil
+}
+
+// gapPolicy is --accept-gap: it accepts the gap between the slot and the last checkpoint that the
+// first checkpoint read of the process finds — and, while neither moves, that same gap again in a
+// later session — but no other. A gap that opens later (the slot dropped and created anew under a
+// running router) is refused like any other.
+type gapPolicy struct {
+	flag     bool // --accept-gap was given and no checkpoint has been read yet
+	accepted *acceptedGap
+}
+
+// acceptedGap is the gap --accept-gap accepted: the slot's position and the checkpoint then.
+type acceptedGap struct {
+	slot checkpoint.LSN
+	last checkpoint.Record
+}
+
+// start is checkpoint.Start with the policy's answer to a gap.
+func (g *gapPolicy) start(slot checkpoint.LSN, server checkpoint.Server, last *checkpoint.Record) (checkpoint.Resume, error) {
+	resume, err := checkpoint.Start(slot, server, last, false)
+	if errors.Is(err, checkpoint.ErrGap) && g.accepts(slot, last) {
+		resume, err = checkpoint.Start(slot, server, last, true)
+		if err == nil && g.accepted == nil {
+			g.accepted = &acceptedGap{slot: slot, last: *last}
+		}
+	}
+	if err == nil || errors.Is(err, checkpoint.ErrGap) {
+		g.flag = false // the flag answered the first checkpoint read; later ones are on their own
+	}
+	return resume, err
+}
+
+// accepts reports whether the gap of a slot at slot ahead of last is the one accepted.
+func (g *gapPolicy) accepts(slot checkpoint.LSN, last *checkpoint.Record) bool {
+	if g.flag {
+		return true
+	}
+	a := g.accepted
+	return a != nil && last != nil && last.LSN == a.last.LSN && last.Written.Equal(a.last.Written) && slot <= a.slot
 }

@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // eosConfig is testConfig in exactly-once mode, with the fixture's own checkpoint topic.
@@ -202,10 +204,44 @@ func TestExactlyOnceSlotGuard(t *testing.T) {
 			}
 		}
 	}
-	acancel()
-	if err := <-done; err != nil {
+	// --accept-gap accepted that gap, not any later one: the slot dropped and created anew under the
+	// same process is refused like the first time.
+	admin, err := pgx.Connect(ctx, f.AdminURL)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer admin.Close(ctx)
+	second := []testenv.Event{gen.Event(5)}
+	var dropped bool
+	for i := 0; i < 100 && !dropped; i++ {
+		_, _ = admin.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", f.Slot)
+		_, err := admin.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.Slot)
+		dropped = err == nil
+		if !dropped {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if !dropped {
+		t.Fatal("could not drop the slot")
+	}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, second, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.Slot); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, checkpoint.ErrGap) && !errors.Is(err, replication.ErrSlotLost) {
+			t.Fatalf("the accepting process met a second gap and returned %v, want it refused", err)
+		}
+		t.Logf("second gap refused: %v", err)
+	case <-time.After(time.Minute):
+		acancel()
+		<-done
+		t.Fatal("the process that accepted one gap went on streaming over a second one")
+	}
+	acancel()
 
 	// resync: the snapshot holds every row of the table, the gap's among them, and ends with a
 	// checkpoint at the new slot's start, so that run accepts that slot without --accept-gap.
@@ -220,13 +256,13 @@ func TestExactlyOnceSlotGuard(t *testing.T) {
 	got = testenv.ConsumeUntil(t, f.Brokers, topics, func(recs []*kgo.Record) bool {
 		seen := 0
 		for _, r := range recs {
-			for _, e := range gap {
+			for _, e := range append(gap, second...) {
 				if testenv.Header(r, "event_id") == e.ID {
 					seen++
 				}
 			}
 		}
-		return seen == len(gap)
+		return seen == len(gap)+len(second)
 	}, time.Minute, readCommitted)
 	cp := lastCheckpoint(t, cfg)
 	if cp == nil || cp.LSN != res.ConsistentPoint {

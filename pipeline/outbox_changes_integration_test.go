@@ -236,25 +236,52 @@ func TestSchemaDriftStopsBeforeTheSlotMoves(t *testing.T) {
 	}
 }
 
-// TestOutboxLeavesThePublication: when the outbox is removed from the publication (or dropped and
-// re-created outside it) while the router idles and other tables are busy, the rows written since are
-// not in the stream; the router must stop with an error saying so, and never confirm past them.
+// TestOutboxLeavesThePublication: when the outbox stops being published while the router idles and
+// other tables are busy — removed from the publication, dropped and re-created outside it, removed
+// and added back (or dropped and re-created into it) faster than the verifier checks, the
+// publication dropped (and re-created), or an inheritance child taking rows under its own name — the
+// rows written meanwhile are not in the stream. The router must stop with an error pointing at
+// resync, never confirm past them, and a router started afterwards must refuse too (never re-create
+// the publication it lost).
 func TestOutboxLeavesThePublication(t *testing.T) {
-	tests := []struct{ name, ddl string }{
-		{"removed from the publication", "ALTER PUBLICATION %[2]s DROP TABLE %[1]s"},
-		{"dropped and re-created", "DROP TABLE %[1]s; CREATE TABLE %[1]s (event_id uuid PRIMARY KEY, event_type text NOT NULL, aggregate_type text, aggregate_id text NOT NULL, aggregate_version bigint, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())"},
+	const table = "CREATE TABLE %[1]s (event_id uuid PRIMARY KEY, event_type text NOT NULL, aggregate_type text, aggregate_id text NOT NULL, aggregate_version bigint, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())"
+	tests := []struct {
+		name, before, after string
+		into                string // where the unpublished row goes: %[1]s is the outbox
+		restartRefused      bool   // a new router refuses as well
+	}{
+		{name: "removed from the publication", before: "ALTER PUBLICATION %[2]s DROP TABLE %[1]s"},
+		{name: "dropped and re-created", before: "DROP TABLE %[1]s; " + table},
+		{name: "removed and added back", before: "ALTER PUBLICATION %[2]s DROP TABLE %[1]s", after: "ALTER PUBLICATION %[2]s ADD TABLE %[1]s"},
+		{name: "dropped and re-created into the publication", before: "DROP TABLE %[1]s; " + table, after: "ALTER PUBLICATION %[2]s ADD TABLE %[1]s"},
+		{name: "publication dropped", before: "DROP PUBLICATION %[2]s", restartRefused: true},
+		{name: "publication dropped and re-created", before: "DROP PUBLICATION %[2]s", after: "CREATE PUBLICATION %[2]s FOR TABLE %[1]s WITH (publish = 'insert')"},
+		{name: "inheritance child", before: "CREATE TABLE %[1]s_child () INHERITS (%[1]s)", into: "%[1]s_child", restartRefused: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := testenv.NewFixture(t)
-			p, done := runUntilStreaming(t, testConfig(f))
-			if _, err := f.DB.Exec(context.Background(), fmt.Sprintf(tt.ddl, f.Table, f.Publication)); err != nil {
+			t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+f.Table+"_child") })
+			cfg := testConfig(f)
+			p, done := runUntilStreaming(t, cfg)
+			ctx := context.Background()
+			// Every change comes right after the one before: faster than the verifier checks.
+			if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.before, f.Table, f.Publication)); err != nil {
 				t.Fatal(err)
 			}
 			unpublished := testenv.MustLSN(t, currentLSN(t, f))
+			into := f.Table
+			if tt.into != "" {
+				into = fmt.Sprintf(tt.into, f.Table)
+			}
 			gen := testenv.NewGenerator(1, "Unpublished")
-			if err := testenv.InsertTx(context.Background(), f.DB, f.Table, []testenv.Event{gen.Event(0)}, false); err != nil {
+			if err := testenv.InsertTx(ctx, f.DB, into, []testenv.Event{gen.Event(0)}, false); err != nil {
 				t.Fatal(err)
+			}
+			if tt.after != "" {
+				if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.after, f.Table, f.Publication)); err != nil {
+					t.Fatal(err)
+				}
 			}
 			busyOtherTable(t, f, 5)
 			select {
@@ -262,14 +289,29 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 				if !errors.Is(err, replication.ErrOutboxChanged) || !strings.Contains(err.Error(), "resync") {
 					t.Fatalf("run returned %v, want ErrOutboxChanged pointing at resync", err)
 				}
+				t.Logf("stopped: %v", err)
 			case <-time.After(time.Minute):
-				t.Fatal("the router kept streaming after the outbox left the publication")
+				t.Fatal("the router kept streaming after the outbox stopped being published")
 			}
 			if p.State() == StateStreaming {
 				t.Fatal("state still says streaming")
 			}
 			if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > unpublished {
 				t.Fatalf("slot confirmed %s, past %s where the outbox stopped being published", c, unpublished)
+			}
+			if tt.restartRefused {
+				p2, err := New(cfg, testLogger(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				if err := p2.Run(rctx); !permanent(err) || !strings.Contains(err.Error(), "resync") && !strings.Contains(err.Error(), "inheritance") {
+					t.Fatalf("a new router returned %v, want a permanent refusal", err)
+				}
+				if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c > unpublished {
+					t.Fatalf("slot confirmed %s after a restart, past %s where the outbox stopped being published", c, unpublished)
+				}
 			}
 		})
 	}
@@ -367,6 +409,10 @@ func TestSetupErrorsStopWithTheFix(t *testing.T) {
 			adminExec(t, admin, "DROP PUBLICATION "+f.Publication)
 			adminExec(t, admin, "ALTER TABLE "+f.Table+" DROP COLUMN event_type, ADD COLUMN event_type text GENERATED ALWAYS AS (payload->>'type') STORED")
 		}, "PostgreSQL before 18 never publishes generated columns"},
+		{"inheritance children", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
+			adminExec(t, admin, "CREATE TABLE "+f.Table+"_2026 () INHERITS ("+f.Table+")")
+			t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+f.Table+"_2026") })
+		}, "has inheritance children (" + "ob_"},
 		{"wal_level replica", func(t *testing.T, f *testenv.Fixture, admin *pgx.Conn, cfg *config.Config) {
 			url := testenv.TempCluster(t, "wal_level = replica")
 			db, err := pgx.Connect(context.Background(), url)
@@ -542,20 +588,35 @@ func TestPromotedServerWithoutSlotIsRefused(t *testing.T) {
 	if _, err := conn.Exec(ctx, string(script)); err != nil {
 		t.Fatalf("apply sql/outbox.sql: %v", err)
 	}
+	// A role of its own whose catalog connection cannot read the timeline from the WAL file name:
+	// the refusal must not depend on that query (it once swallowed its error and created the slot).
+	for _, stmt := range []string{"CREATE ROLE plain LOGIN REPLICATION", "REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC"} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
 	_ = conn.Close(ctx)
 	standby := primary.Standby(t, "sb1")
 	standby.Promote(t)
-	cfg := config.Default()
-	cfg.Postgres.URL, cfg.Kafka.Brokers = standby.URL, testenv.Brokers(t)
-	p, err := New(cfg, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
+	run := func(url string) error {
+		cfg := config.Default()
+		cfg.Postgres.URL, cfg.Kafka.Brokers = url, testenv.Brokers(t)
+		p, err := New(cfg, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return p.Run(rctx)
 	}
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	err = p.Run(rctx)
+	err = run(standby.URL)
 	if !errors.Is(err, replication.ErrSlotLost) || !strings.Contains(err.Error(), "promoted") || !strings.Contains(err.Error(), "resync") {
 		t.Fatalf("run on a promoted server without the slot returned %v, want a refusal naming the promotion and resync", err)
+	}
+	t.Logf("refused: %v", err)
+	err = run(strings.Replace(standby.URL, "postgres@", "plain@", 1))
+	if !permanent(err) || !strings.Contains(err.Error(), "pg_walfile_name") {
+		t.Fatalf("run as a role that may not read the timeline returned %v, want a permanent error naming the grant", err)
 	}
 	t.Logf("refused: %v", err)
 	check, err := pgx.Connect(ctx, standby.URL)

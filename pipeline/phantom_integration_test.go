@@ -104,6 +104,14 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 		t.Errorf("%d of %d events committed on the promoted server reached Kafka: the rest are lost", n, len(after))
 	}
 
+	if cfg.Kafka.ExactlyOnce() {
+		// The checkpoints of the new timeline say where it began: a sibling promoted elsewhere with
+		// the same timeline number is then told apart.
+		testenv.WaitFor(t, time.Minute, "a checkpoint on timeline 2", func() bool {
+			cp := lastCheckpoint(t, cfg)
+			return cp != nil && cp.Timeline == 2 && cp.TimelineStart != 0
+		})
+	}
 	want := readOutbox(t, ctx, standby.URL)
 	real, phantoms := testenv.SplitPhantoms(want, got)
 	t.Logf("synchronized_standby_slots set: %t; %d events committed while the standby was frozen; phantom events (in Kafka, not on the promoted server): %d",

@@ -40,8 +40,8 @@ type Pipeline struct {
 	// isolateUntil is the highest commit position of a batch Kafka rejected: transactions up to it
 	// are produced one record at a time, so that only the record at fault is dead-lettered.
 	isolateUntil uint64
-	// acceptGap lets the exactly-once mode start from a slot ahead of its last checkpoint.
-	acceptGap bool
+	// gaps decides which gaps between the slot and the last checkpoint the exactly-once mode accepts.
+	gaps gapPolicy
 	// slotID identifies the slot across processes (exactly-once mode); learned once.
 	slotID *checkpoint.SlotID
 	// skippedRows counts rows skipped as already in Kafka (exactly-once mode).
@@ -59,7 +59,7 @@ func WithObserver(o router.Observer) Option {
 // WithAcceptGap lets the exactly-once mode start from a slot that stands ahead of the last checkpoint
 // in Kafka (the --accept-gap flag): what lies between may never have reached Kafka.
 func WithAcceptGap() Option {
-	return func(p *Pipeline) { p.acceptGap = true }
+	return func(p *Pipeline) { p.gaps.flag = true }
 }
 
 // State is what the pipeline is doing.
@@ -97,6 +97,9 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 	p := &Pipeline{cfg: cfg, log: log, rules: rules}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.gaps.flag && !cfg.Kafka.ExactlyOnce() {
+		return nil, fmt.Errorf("invalid configuration: --accept-gap applies to kafka.delivery exactly-once only (at-least-once keeps no checkpoint that the slot could be ahead of)")
 	}
 	return p, nil
 }
@@ -177,6 +180,8 @@ type carried struct {
 	slotSeen bool
 	// server is the address the last session streamed from.
 	server string
+	// verified is the last session's last verification of the outbox: the next one must continue it.
+	verified replication.Verification
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -256,13 +261,20 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}
 	defer rt.Close()
 
-	cat, res, err := p.setup(ctx, c)
+	s, err := p.setup(ctx, c)
 	if err != nil {
 		return err
 	}
-	v := &verifier{url: cfg.Postgres.URL, cat: cat, outbox: p.outbox(), log: p.log, obs: &p.obs, oid: res.Verified.TableOID,
+	res, srv, conn := s.res, s.server, s.conn
+	started := false
+	defer func() {
+		if !started {
+			_ = conn.Close(context.Background())
+		}
+	}()
+	v := &verifier{url: cfg.Postgres.URL, cat: s.cat, outbox: p.outbox(), log: p.log, obs: &p.obs, last: res.Verified,
 		giveUp: cfg.Postgres.ReceiveTimeout}
-	v.limit.Store(uint64(res.Verified.LSN))
+	defer func() { c.verified = v.last }()
 	p.obs.markVerified(time.Now())
 	defer v.close()
 
@@ -272,11 +284,11 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	if cfg.Kafka.ExactlyOnce() {
 		// Fence and read the checkpoint before taking the slot: no older instance can commit after
 		// the read, and the walsender is not kept waiting meanwhile.
-		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush, res.Timeline)
+		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush, srv)
 		if err != nil {
 			return err // the catalog connection is the verifier's, closed with it
 		}
-		eos = &txnHandler{skipBelow: skipBelow, timeline: res.Timeline, verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
+		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		if last != nil {
@@ -287,10 +299,6 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		h = eos
 	}
 
-	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
-	if err != nil {
-		return err
-	}
 	if res.WantFailover && !res.Slot.Failover {
 		if err := replication.AlterSlotFailover(ctx, conn, cfg.Postgres.Slot); err != nil {
 			p.log.Warn("could not make the slot a failover slot; it will not survive a promotion of a standby (postgres.failover_slot)", "slot", cfg.Postgres.Slot, "error", err.Error())
@@ -304,9 +312,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		BaseType: p.baseType, Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
-		_ = conn.Close(context.Background())
 		return err
 	}
+	started = true
 	defer func() { _ = stream.Close(context.Background()) }()
 	c.lastPID = stream.BackendPID()
 
@@ -409,9 +417,15 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		p.drain(rt, tracker)
 	}
 	if graceful {
-		// One more verification, so that the final confirm covers what was just acknowledged.
-		vctx, vcancel := context.WithTimeout(context.Background(), verifyTimeout)
-		if err := v.once(vctx); err != nil {
+		// Two more verifications, a moment apart, so that the final confirm covers what was just
+		// acknowledged: a check confirms only what the check before it saw (verifier.accept).
+		vctx, vcancel := context.WithTimeout(context.Background(), 2*verifyTimeout)
+		err := v.once(vctx)
+		if err == nil {
+			time.Sleep(finalVerifyGap)
+			err = v.once(vctx)
+		}
+		if err != nil {
 			p.log.Warn("shutdown: could not verify the outbox once more; confirming up to the last verification", "error", err.Error())
 		}
 		vcancel()
@@ -439,16 +453,34 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 
 // setup opens the catalog connection and checks (and creates) what the stream needs. A slot still
 // held by this process's previous session is taken back.
-func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog, replication.SetupResult, error) {
+func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 	cfg := p.cfg
 	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
 	if err != nil {
-		return nil, replication.SetupResult{}, err
+		return nil, err
+	}
+	// A hot standby polls here while another instance streams: it learns that from the catalog,
+	// without taking a WAL sender for a replication connection on every poll.
+	if c.standby {
+		if slot, err := cat.Slot(ctx, cfg.Postgres.Slot); err == nil && slot.Active && slot.ActivePID != c.lastPID {
+			_ = cat.Close(context.Background())
+			return nil, fmt.Errorf("%w: slot %q is active for pid %d", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
+		}
+	}
+	conn, srv, err := p.connect(ctx, cat)
+	if err != nil {
+		_ = cat.Close(context.Background())
+		return nil, err
+	}
+	s := &session{cat: cat, conn: conn, server: srv}
+	if err := p.identifyAgain(srv); err != nil {
+		s.close()
+		return nil, err
 	}
 	opts := replication.SetupOptions{
 		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
 		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
-		SlotSeen: c.slotSeen,
+		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv,
 	}
 	res, err := cat.Setup(ctx, opts)
 	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {
@@ -464,9 +496,14 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog,
 			}
 		}
 	}
+	if err == nil {
+		// What happened to the outbox between the last session and this one.
+		err = res.Verified.Continues(c.verified, p.outbox())
+	}
+	s.res = res
 	if err != nil {
-		_ = cat.Close(context.Background())
-		return nil, res, err
+		s.close()
+		return s, err
 	}
 	if res.CreatedPublication {
 		p.log.Info("created publication", "publication", cfg.Postgres.Publication, "table", cfg.Postgres.Table)
@@ -477,7 +514,40 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*replication.Catalog,
 	for _, w := range res.Warnings {
 		p.log.Warn(w)
 	}
-	return cat, res, nil
+	return s, nil
+}
+
+// session is what set-up opened for one session: the catalog connection (the verifier's), the
+// replication connection that will stream, the server it reached, and what set-up found.
+type session struct {
+	cat    *replication.Catalog
+	conn   *pgconn.PgConn
+	server replication.Server
+	res    replication.SetupResult
+}
+
+// close closes both connections (the stream, once started, owns conn and closes it itself).
+func (s *session) close() {
+	if s.conn != nil {
+		_ = s.conn.Close(context.Background())
+	}
+	_ = s.cat.Close(context.Background())
+}
+
+// connect opens the replication connection that will stream and asks who its server is. A
+// connection refused for a reason set-up names (a role without REPLICATION, wal_level below logical)
+// is explained over the catalog connection cat.
+func (p *Pipeline) connect(ctx context.Context, cat *replication.Catalog) (*pgconn.PgConn, replication.Server, error) {
+	conn, err := replication.Connect(ctx, p.cfg.Postgres.URL)
+	if err != nil {
+		return nil, replication.Server{}, cat.ExplainConnectFailure(ctx, err)
+	}
+	srv, err := replication.IdentifyServer(ctx, conn)
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, replication.Server{}, err
+	}
+	return conn, srv, nil
 }
 
 // finishTimeout bounds the clean end of the replication stream at a graceful stop.
@@ -487,20 +557,29 @@ const finishTimeout = 5 * time.Second
 // held at the last verified position, so this bounds how far they trail the watermark.
 const verifyInterval = 500 * time.Millisecond
 
+// finalVerifyGap separates the two verifications of a graceful stop: long enough for a commit in
+// the WAL before the first to be visible to the second.
+const finalVerifyGap = 100 * time.Millisecond
+
 // verifyTimeout bounds one verification.
 const verifyTimeout = 5 * time.Second
 
 // verifier checks, every verifyInterval, that the outbox is still published, and keeps the position
-// up to which that was last seen: no status update confirms past it. A table dropped, or removed
-// from the publication, stops the session; until the check succeeds again, confirms wait.
+// up to which that was seen by a check that a later one confirmed: no status update confirms past it.
+// A table dropped, re-created, removed from the publication (even if added back in between), or a
+// publication dropped or re-created, stops the session; until the check succeeds again, confirms wait.
 type verifier struct {
 	url    string
 	cat    *replication.Catalog // nil after a failure, until reconnected
 	outbox replication.Outbox
 	log    *slog.Logger
 	obs    *observed
-	oid    uint32
-	limit  atomic.Uint64
+	// last is the last successful verification. A change committed just before its position may not
+	// have been visible to its catalog check, so confirms go only up to the position of the one
+	// before it (limit); every check must continue the last one (the same table, publication and
+	// membership rows).
+	last  replication.Verification
+	limit atomic.Uint64
 	// giveUp is how long checks may fail before the session lets go of the replication connection.
 	giveUp      time.Duration
 	failedSince time.Time // zero while checks succeed
@@ -566,18 +645,23 @@ func (v *verifier) once(ctx context.Context) error {
 		}
 		return err
 	}
-	if res.TableOID != v.oid {
-		v.log.Warn("the outbox table was dropped and re-created into the publication: rows inserted into it before it joined the publication are not in the stream (replay rows still in the table with outbox-cdc resync)",
-			"table", v.outbox.String(), "old_oid", v.oid, "new_oid", res.TableOID)
-		v.oid = res.TableOID
+	return v.accept(res)
+}
+
+// accept takes a successful check: it must continue the last one, and it moves the confirm limit to
+// the last one's position, whose changes this check has certainly seen.
+func (v *verifier) accept(res replication.Verification) error {
+	if err := res.Continues(v.last, v.outbox); err != nil {
+		return err
 	}
 	if !v.failedSince.IsZero() {
 		v.log.Info("the outbox is verified again; confirms resume")
 		v.failedSince = time.Time{}
 	}
-	if res.LSN > v.confirmLimit() {
-		v.limit.Store(uint64(res.LSN))
+	if v.last.LSN > v.confirmLimit() {
+		v.limit.Store(uint64(v.last.LSN))
 	}
+	v.last = res
 	v.obs.markVerified(time.Now())
 	return nil
 }
@@ -598,6 +682,18 @@ func (p *Pipeline) baseType(ctx context.Context, oid uint32) (uint32, error) {
 	}
 	defer func() { _ = cat.Close(context.Background()) }()
 	return cat.BaseType(ctx, oid)
+}
+
+// identifyAgain checks that the server the session streams from is of the cluster the exactly-once
+// mode's slot identity names; if it is another (restored into a new cluster), the identity is
+// learned anew and the session starts over, so that its Kafka transactions and checkpoints carry it.
+func (p *Pipeline) identifyAgain(srv replication.Server) error {
+	if p.slotID == nil || (p.slotID.SystemID == srv.SystemID && p.slotID.Database == srv.Database) {
+		return nil
+	}
+	old := *p.slotID
+	p.slotID = &checkpoint.SlotID{SystemID: srv.SystemID, Database: srv.Database, Slot: p.cfg.Postgres.Slot}
+	return fmt.Errorf("the database system changed under the router (slot identity %s, now %s): starting over with the new identity", old, p.slotID)
 }
 
 // identify learns, once, what identifies the slot across processes (exactly-once mode only): the

@@ -123,6 +123,10 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	defer func() { _ = repl.Close(context.Background()) }()
+	srv, err := replication.IdentifyServer(ctx, repl) // for the snapshot's checkpoint
+	if err != nil {
+		return err
+	}
 	cp, name, err := replication.CreateSlotWithSnapshot(ctx, repl, cfg.Postgres.Slot)
 	if err != nil {
 		return err
@@ -145,11 +149,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}
 	_ = repl.Close(ctx)
 
-	tl, err := cat.Timeline(ctx) // for the snapshot's checkpoint
-	if err != nil {
-		tl = 0 // unknown: a later failover then cannot be told from the checkpoint
-	}
-	if err := p.publishSnapshot(ctx, snap, o, cp, tl, res); err != nil {
+	if err := p.publishSnapshot(ctx, snap, o, cp, srv, res); err != nil {
 		return err
 	}
 	return cat.DropResyncMarker(ctx, cfg.Postgres.Slot)
@@ -171,12 +171,15 @@ func (o ResyncOptions) filter() replication.SnapshotFilter {
 
 // publishSnapshot reads the snapshot's rows and delivers them; it returns once every one is
 // acknowledged.
-func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, timeline uint32, res *ResyncResult) error {
+func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, srv replication.Server, res *ResyncResult) error {
 	total, err := snap.Count(ctx, p.outbox(), p.snapshotColumns(), o.filter())
 	if err != nil {
 		return err
 	}
 	if err := p.identify(ctx); err != nil {
+		return err
+	}
+	if err := p.identifyAgain(srv); err != nil {
 		return err
 	}
 	rt, err := p.newRouter(ctx)
@@ -237,7 +240,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	if eos {
 		// The last snapshot transaction ends with a checkpoint at the slot's consistent point, where
 		// run resumes: the slot is then not ahead of the checkpoint.
-		if err := rt.Commit(ctx, checkpoint.Record{LSN: cp, Records: int(sent), Timeline: timeline}); err != nil {
+		if err := rt.Commit(ctx, checkpoint.Record{LSN: cp, Records: int(sent), Timeline: srv.Timeline, TimelineStart: srv.TimelineStart()}); err != nil {
 			return fmt.Errorf("publish snapshot: %w", err)
 		}
 	}

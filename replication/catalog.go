@@ -98,6 +98,14 @@ type SetupOptions struct {
 	// dropped or the server failed over to one without it, and Setup refuses (ErrSlotLost) rather than
 	// create a new slot that would silently skip what was committed in between.
 	SlotSeen bool
+	// Server is the server the replication connection that will stream reached (IdentifyServer): the
+	// catalog connection must have reached the same one, and its timeline decides whether a missing
+	// slot may be created. Required unless SkipSlot.
+	Server Server
+	// PublicationSeen is true when this process already streamed with the publication: if it is
+	// missing now, it was dropped under the router, and Setup refuses to create it (see
+	// MissingPublicationError), as it does whenever the slot exists.
+	PublicationSeen bool
 }
 
 // SetupResult says what Setup found and did.
@@ -115,8 +123,6 @@ type SetupResult struct {
 	// Warnings are things the operator should know that do not stop the router (a missing optional
 	// column, a publication row filter).
 	Warnings []string
-	// Timeline is the server's current timeline (zero when it could not be read).
-	Timeline uint32
 }
 
 // Setup checks everything the stream needs and creates the publication and the slot when allowed:
@@ -136,7 +142,12 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		return res, fmt.Errorf("%w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, walLevel)
 	}
 	if !replication {
-		return res, fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql", ErrNotSetUp)
+		return res, errNoReplication
+	}
+	if !o.SkipSlot {
+		if err := c.sameServer(ctx, o.Server); err != nil {
+			return res, err
+		}
 	}
 	table, err := c.table(ctx, o.Outbox)
 	if err != nil {
@@ -152,7 +163,14 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		}
 	}
 
-	created, warnings, err := c.publication(ctx, o, table)
+	var slot SlotState
+	if !o.SkipSlot {
+		// Read first: a slot that exists decides whether a missing publication may be created.
+		if slot, err = c.Slot(ctx, o.Slot); err != nil {
+			return res, err
+		}
+	}
+	created, warnings, err := c.publication(ctx, o, table, slot.Exists)
 	if err != nil {
 		return res, err
 	}
@@ -163,10 +181,6 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	}
 	if o.SkipSlot {
 		return res, nil
-	}
-	slot, err := c.Slot(ctx, o.Slot)
-	if err != nil {
-		return res, err
 	}
 	if res.WantFailover, err = c.WantFailover(ctx, o.FailoverSlot); err != nil {
 		return res, err
@@ -180,7 +194,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		if !o.CreateSlot {
 			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
 		}
-		if tl, err := c.Timeline(ctx); err == nil && tl > 1 {
+		if tl := o.Server.Timeline; tl > 1 {
 			return res, fmt.Errorf("%w: replication slot %q does not exist, and this server was promoted from a standby (timeline %d). If the router streamed from the previous primary, "+
 				"what was committed between its last position and the failover is in no slot here, and a new slot would silently skip it, so run does not create one: "+
 				"recover with `outbox-cdc resync` (it creates the slot and republishes the rows still in the outbox); on a first start, create the slot with `outbox-cdc init`",
@@ -194,10 +208,60 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		}
 	}
 	res.Slot = slot
-	if tl, err := c.Timeline(ctx); err == nil {
-		res.Timeline = tl
-	}
 	return res, slot.usable(o.Slot)
+}
+
+// errNoReplication is the refusal of a role that may not stream.
+var errNoReplication = fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql", ErrNotSetUp)
+
+// ExplainConnectFailure turns the failure of a replication connection into set-up's clearer error
+// when the reason is one set-up names (a role without REPLICATION, wal_level below logical), asking
+// over this ordinary connection; otherwise it returns err.
+func (c *Catalog) ExplainConnectFailure(ctx context.Context, err error) error {
+	var walLevel string
+	var replication bool
+	if qerr := c.conn.QueryRow(ctx, `SELECT current_setting('wal_level'), `+MayReplicateSQL).Scan(&walLevel, &replication); qerr != nil {
+		return err
+	}
+	switch {
+	case walLevel != "logical":
+		return fmt.Errorf("%w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, walLevel)
+	case !replication:
+		return errNoReplication
+	}
+	return err
+}
+
+// ErrOtherServer is returned (wrapped) when the catalog connection reached another server than the
+// replication connection (a multi-host URL during a failover): set-up must read the slot of the
+// server that streams. Retrying helps once both reach the new primary.
+var ErrOtherServer = errors.New("the catalog and replication connections reached different servers")
+
+// sameServer checks that this connection reached the server srv describes: the same cluster (system
+// identifier, where the role may read pg_control_system) on the same timeline.
+func (c *Catalog) sameServer(ctx context.Context, srv Server) error {
+	if srv.Timeline == 0 {
+		return errors.New("set-up: the streaming server's identity is unknown")
+	}
+	tl, err := c.Timeline(ctx)
+	if isPrivilegeError(err) {
+		return fmt.Errorf("%w: %w: the role may not run pg_walfile_name(pg_current_wal_lsn()), which tells the catalog connection's timeline: GRANT EXECUTE ON FUNCTION pg_walfile_name(pg_lsn), pg_current_wal_lsn() TO <role>", ErrNotSetUp, err)
+	}
+	if err != nil {
+		return err
+	}
+	var sysID string
+	err = c.conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&sysID)
+	if isPrivilegeError(err) {
+		sysID, err = srv.SystemID, nil // EXECUTE revoked: the timeline has to do
+	}
+	if err != nil {
+		return fmt.Errorf("read the system identifier: %w", err)
+	}
+	if sysID != srv.SystemID || tl != srv.Timeline {
+		return fmt.Errorf("%w: system %s on timeline %d, and system %s on timeline %d", ErrOtherServer, sysID, tl, srv.SystemID, srv.Timeline)
+	}
+	return nil
 }
 
 // Timeline returns the server's current timeline: 1 on a server that was never promoted from a
@@ -271,11 +335,33 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 		return t, fmt.Errorf("%w: outbox table %s is a temporary table, which logical replication cannot see", ErrNotSetUp, o)
 	}
 	t.partitioned = kind == "p"
+	if !t.partitioned {
+		var children []string
+		if err := c.conn.QueryRow(ctx, `SELECT array(SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = $1 ORDER BY 1)`, t.oid).Scan(&children); err != nil {
+			return t, fmt.Errorf("look up the inheritance children of %s: %w", o, err)
+		}
+		if len(children) > 0 {
+			return t, fmt.Errorf("%w: %s", ErrNotSetUp, inheritanceError(o, children))
+		}
+	}
 	return t, nil
 }
 
-// publication checks (or creates) the publication for the table.
-func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts) (created bool, warnings []string, err error) {
+// MissingPublicationError is the refusal to create the outbox's publication while its slot exists
+// (or after this process streamed with it): the publication was dropped after the slot was created,
+// and one created now does not exist at the slot's position in the WAL. Decoding from there fails
+// with "publication does not exist" on every session (on PostgreSQL 18 it skips every change before
+// the new publication instead). Only a new slot, after the publication, streams again.
+func MissingPublicationError(o Outbox, slot string) error {
+	return fmt.Errorf("%w: publication %q does not exist, but replication slot %q does: the publication was dropped after the slot was created. "+
+		"A publication created now would not exist at the slot's position in the WAL, so decoding from there would fail on every session, or skip the changes before it; "+
+		"none is created. Recover with `outbox-cdc resync`: it creates the publication and then the slot anew, and republishes the rows still in the outbox",
+		ErrOutboxChanged, o.Publication, slot)
+}
+
+// publication checks (or creates) the publication for the table. slotExists says whether the slot
+// exists (then a missing publication is refused, not created).
+func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts, slotExists bool) (created bool, warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
 	var insert, viaRoot, generated bool
 	gencols := "false"
@@ -287,6 +373,8 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts)
 	case errors.Is(err, pgx.ErrNoRows) && !o.CreatePublication:
 		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			ErrNotSetUp, o.Outbox.Publication, pub, o.Outbox.qualified())
+	case errors.Is(err, pgx.ErrNoRows) && (slotExists || o.PublicationSeen):
+		return false, nil, MissingPublicationError(o.Outbox, o.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
 		// A publication created now carries generated columns where the server can (18 and later).
 		if err := c.generatedColumnsError(o, t, true, nil); err != nil {
@@ -405,35 +493,81 @@ func CreatePublicationSQL(o Outbox, serverVersion int) string {
 }
 
 // Verification is one observation that the stream still sees every outbox insert: at LSN the table
-// existed (with TableOID) and its publication published its inserts. Positions up to LSN may be
-// confirmed as far as the outbox's membership is concerned.
+// existed and its publication published its inserts. It also says which catalog rows made it so, so
+// that two observations tell whether the outbox stayed published in between (Continues).
 type Verification struct {
-	// LSN is pg_current_wal_lsn() read just before the catalog was checked.
+	// LSN is pg_current_wal_lsn() read just before the catalog was checked. A commit is in the WAL
+	// shortly before it is visible, so a catalog change committed just below LSN may not yet be seen:
+	// only the position of an earlier verification is safe to confirm up to.
 	LSN LSN
 	// TableOID identifies the outbox table; it changes when the table is dropped and re-created.
 	TableOID uint32
+	// PublicationOID identifies the publication; it changes when it is dropped and re-created.
+	PublicationOID uint32
+	// Membership names the catalog rows that put the table in the publication: "all" for a
+	// publication FOR ALL TABLES, "table:<oid>" for a pg_publication_rel row (of the table or an
+	// ancestor), "schema:<oid>" for a pg_publication_namespace row. Removing the table and adding it
+	// back makes a new row, so the membership of two observations shares a row only while the table
+	// stayed in the publication throughout.
+	Membership []string
 }
 
-// VerifyOutbox checks that the outbox table exists and that the publication still publishes its
-// inserts (via the partition root when it is partitioned), and returns the WAL position read just
-// before the check. A failed check wraps ErrOutboxChanged. A table dropped and re-created into the
-// publication passes, with a new TableOID for the caller to notice.
+// Continues reports, as an error wrapping ErrOutboxChanged, whether something happened between the
+// earlier observation prev and v that the stream cannot have followed: the table or the publication
+// dropped and re-created, or the table removed from the publication and added back. Rows inserted
+// in between may never have been published.
+func (v Verification) Continues(prev Verification, o Outbox) error {
+	resync := "rows inserted meanwhile may never have reached the stream; nothing past the last verified position was confirmed. Replay the rows still in the outbox with `outbox-cdc resync`"
+	switch {
+	case prev.TableOID != 0 && v.TableOID != prev.TableOID:
+		return fmt.Errorf("%w: outbox table %s was dropped and created again (oid %d, now %d): %s", ErrOutboxChanged, o, prev.TableOID, v.TableOID, resync)
+	case prev.PublicationOID != 0 && v.PublicationOID != prev.PublicationOID:
+		return fmt.Errorf("%w: publication %q was dropped and created again (oid %d, now %d): %s", ErrOutboxChanged, o.Publication, prev.PublicationOID, v.PublicationOID, resync)
+	case len(prev.Membership) > 0 && !slices.ContainsFunc(v.Membership, func(m string) bool { return slices.Contains(prev.Membership, m) }):
+		return fmt.Errorf("%w: outbox table %s left publication %q and was added back (membership %v, now %v): %s",
+			ErrOutboxChanged, o, o.Publication, prev.Membership, v.Membership, resync)
+	}
+	return nil
+}
+
+// VerifyOutbox checks, in one round trip, that the outbox table still exists, has no inheritance
+// children, and is still published (the publication exists, publishes inserts, includes the table, and
+// publishes a partitioned table via its root). A failed check wraps ErrOutboxChanged; on success the
+// Verification says where and by which catalog rows.
 func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, error) {
 	var v Verification
+	version, err := c.serverVersion(ctx)
+	if err != nil {
+		return v, err
+	}
+	schemas := "NULL::text"
+	if version >= 150000 { // FOR TABLES IN SCHEMA
+		schemas = `(SELECT string_agg('schema:' || pn.oid, ',') FROM pg_publication_namespace pn, tree
+			WHERE pn.pnpubid = (SELECT oid FROM p) AND pn.pnnspid = tree.relnamespace)`
+	}
 	// The position is read first, in its own statement: the catalog check's snapshot is then taken
-	// after it, so that every catalog change committed before the position is seen.
+	// after it, so that every catalog change visible before the position was read is seen.
 	var lsnText string
-	var oid *uint32
-	var kind *string
-	var pubExists, insert, viaRoot, member bool
+	var oid, pubOID *uint32
+	var kind, tables, inSchemas *string
+	var insert, viaRoot, all, member bool
+	var children []string
 	batch := &pgx.Batch{}
 	batch.Queue(`SELECT pg_current_wal_lsn()::text`).QueryRow(func(row pgx.Row) error { return row.Scan(&lsnText) })
-	batch.Queue(`SELECT (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
-		(SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
-		p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
-		EXISTS (SELECT FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3)
-		FROM (SELECT 1) one LEFT JOIN pg_publication p ON p.pubname = $1`, o.Publication, o.Schema, o.Table).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&oid, &kind, &pubExists, &insert, &viaRoot, &member) })
+	batch.Queue(`WITH RECURSIVE t AS (SELECT c.oid, c.relkind::text AS kind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
+			p AS (SELECT oid, pubinsert, pubviaroot, puballtables FROM pg_publication WHERE pubname = $1),
+			tree(oid, relnamespace) AS (SELECT c.oid, c.relnamespace FROM pg_class c WHERE c.oid = (SELECT oid FROM t)
+				UNION SELECT c.oid, c.relnamespace FROM pg_inherits i JOIN tree ON i.inhrelid = tree.oid JOIN pg_class c ON c.oid = i.inhparent)
+		SELECT (SELECT oid FROM t), (SELECT kind FROM t), (SELECT oid FROM p),
+			coalesce((SELECT pubinsert FROM p), false), coalesce((SELECT pubviaroot FROM p), false), coalesce((SELECT puballtables FROM p), false),
+			EXISTS (SELECT FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
+			(SELECT string_agg('table:' || pr.oid, ',') FROM pg_publication_rel pr, tree WHERE pr.prpubid = (SELECT oid FROM p) AND pr.prrelid = tree.oid),
+			`+schemas+`,
+			array(SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = (SELECT oid FROM t) AND (SELECT kind FROM t) = 'r' ORDER BY 1)`,
+		o.Publication, o.Schema, o.Table).
+		QueryRow(func(row pgx.Row) error {
+			return row.Scan(&oid, &kind, &pubOID, &insert, &viaRoot, &all, &member, &tables, &inSchemas, &children)
+		})
 	if err := c.conn.SendBatch(ctx, batch).Close(); err != nil {
 		return v, fmt.Errorf("verify the outbox's publication: %w", err)
 	}
@@ -446,7 +580,9 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 	switch {
 	case oid == nil:
 		return v, fmt.Errorf("%w: outbox table %s no longer exists (dropped or renamed); %s", ErrOutboxChanged, o, lost)
-	case !pubExists:
+	case len(children) > 0:
+		return v, fmt.Errorf("%w: %s; %s", ErrOutboxChanged, inheritanceError(o, children), lost)
+	case pubOID == nil:
 		return v, fmt.Errorf("%w: publication %q no longer exists; %s", ErrOutboxChanged, o.Publication, lost)
 	case !insert:
 		return v, fmt.Errorf("%w: publication %q no longer publishes inserts: ALTER PUBLICATION %s SET (publish = 'insert'); %s",
@@ -458,8 +594,24 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 		return v, fmt.Errorf("%w: publication %q stopped publishing via the partition root, so the partitioned outbox's rows arrive under other names: ALTER PUBLICATION %s SET (publish_via_partition_root = true); %s",
 			ErrOutboxChanged, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), lost)
 	}
-	v.TableOID = *oid
+	v.TableOID, v.PublicationOID = *oid, *pubOID
+	if all {
+		v.Membership = append(v.Membership, "all")
+	}
+	for _, list := range []*string{tables, inSchemas} {
+		if list != nil {
+			v.Membership = append(v.Membership, strings.Split(*list, ",")...)
+		}
+	}
+	slices.Sort(v.Membership)
 	return v, nil
+}
+
+// inheritanceError says why an outbox with inheritance children cannot be streamed.
+func inheritanceError(o Outbox, children []string) string {
+	return fmt.Sprintf("outbox table %s has inheritance children (%s): a publication of the table includes them, and their rows arrive under their own names, "+
+		"so rows inserted into them (by a partitioning trigger, say) would never be delivered. Use declarative partitioning (PARTITION BY, published via the partition root), "+
+		"or detach them (ALTER TABLE <child> NO INHERIT %s)", o, strings.Join(children, ", "), o.qualified())
 }
 
 // SlotState is a replication slot as pg_replication_slots shows it: the one description of a slot

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 )
 
 // Connect opens a replication connection (replication=database) to the database at url.
@@ -95,17 +97,46 @@ func Identify(ctx context.Context, url string) (systemID, database string, err e
 	return res.SystemID, res.DBName, nil
 }
 
-// TimelineHistory returns the history file of the server's timeline tl (TIMELINE_HISTORY over a
-// replication connection): where each earlier timeline ended. Timeline 1 has none.
-func TimelineHistory(ctx context.Context, url string, tl uint32) ([]byte, error) {
-	conn, err := Connect(ctx, url)
+// Server is what IDENTIFY_SYSTEM and TIMELINE_HISTORY say of the server a replication connection
+// reached: which cluster, which timeline, and the timeline's history (where each earlier one ended).
+type Server struct {
+	// SystemID is the cluster's system identifier (shared by a primary and its physical standbys);
+	// Database is the connection's database.
+	SystemID, Database string
+	// Timeline is the server's current timeline: 1 unless it was promoted from a standby (or recovered
+	// to a point in time); History its history, empty on timeline 1.
+	Timeline uint32
+	History  []checkpoint.TimelineEnd
+}
+
+// Checkpoint is the server as the exactly-once mode's checkpoint logic sees it.
+func (s Server) Checkpoint() checkpoint.Server {
+	return checkpoint.Server{Timeline: s.Timeline, History: s.History}
+}
+
+// TimelineStart is where the server's current timeline began (zero on timeline 1).
+func (s Server) TimelineStart() LSN {
+	start, _ := s.Checkpoint().TimelineStart(s.Timeline)
+	return start
+}
+
+// IdentifyServer asks the server behind the replication connection conn (idle, not streaming) who it
+// is: IDENTIFY_SYSTEM, and TIMELINE_HISTORY of its timeline when that is not the first. A failure is
+// an error, never a default: the timeline is what tells a failover apart.
+func IdentifyServer(ctx context.Context, conn *pgconn.PgConn) (Server, error) {
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
-		return nil, err
+		return Server{}, fmt.Errorf("identify the database system (IDENTIFY_SYSTEM): %w", err)
 	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(tl))
-	if err != nil {
-		return nil, fmt.Errorf("read the history of timeline %d: %w", tl, err)
+	srv := Server{SystemID: res.SystemID, Database: res.DBName, Timeline: uint32(res.Timeline)}
+	if srv.Timeline > 1 {
+		hist, err := pglogrepl.TimelineHistory(ctx, conn, res.Timeline)
+		if err != nil {
+			return Server{}, fmt.Errorf("read the history of timeline %d: %w", srv.Timeline, err)
+		}
+		if srv.History, err = checkpoint.ParseTimelineHistory(hist.Content); err != nil {
+			return Server{}, fmt.Errorf("read the history of timeline %d: %w", srv.Timeline, err)
+		}
 	}
-	return res.Content, nil
+	return srv, nil
 }

@@ -170,6 +170,9 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "can no longer get changes") {
 			return nil, fmt.Errorf("%w: %s: recover with `outbox-cdc resync`", ErrSlotLost, pgErr.Message)
 		}
+		if errors.As(err, &pgErr) && missingPublication(pgErr) {
+			return nil, serverError(pgErr, opts)
+		}
 		return nil, fmt.Errorf("start replication on slot %q: %w", opts.Slot, err)
 	}
 	s := newStream(conn, opts)
@@ -249,13 +252,31 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 				return err
 			}
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+			return serverError(pgconn.ErrorResponseToPgError(msg), s.opts)
 		case *pgproto3.CopyDone:
 			return errors.New("replication stream: server ended the stream (CopyDone)")
 		default:
 			s.log.Debug("unexpected replication message", "type", fmt.Sprintf("%T", msg))
 		}
 	}
+}
+
+// missingPublication reports the walsender's error for a publication that does not exist at the
+// position it decodes (SQLSTATE 42704).
+func missingPublication(err *pgconn.PgError) bool {
+	return err.Code == "42704" && strings.Contains(err.Message, "publication")
+}
+
+// serverError is an error the server ended the stream with. One that a replay meets again — the
+// publication missing at the slot's position, because it was dropped (and maybe created again) after
+// the slot — wraps ErrOutboxChanged and points at resync.
+func serverError(err *pgconn.PgError, opts Options) error {
+	if missingPublication(err) {
+		return fmt.Errorf("%w: the server cannot decode the slot's WAL with publication %q (%s): it was dropped, and maybe created again, after slot %q was created, "+
+			"so it does not exist at the slot's position. Every session would fail the same way: recover with `outbox-cdc resync`, which creates the slot anew and republishes the rows still in the outbox",
+			ErrOutboxChanged, opts.Outbox.Publication, err.Message, opts.Slot)
+	}
+	return fmt.Errorf("replication stream: %w", err)
 }
 
 // waitContext returns the current wait context, starting a new one of receiveWait when the last one
