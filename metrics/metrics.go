@@ -143,6 +143,9 @@ func (m *Metrics) Handler(health func() pipeline.Health) http.Handler {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		fmt.Fprintln(w, s.NotReady)
+		for _, warning := range s.Warnings {
+			fmt.Fprintln(w, "warning: "+warning)
+		}
 	})
 	return mux
 }
@@ -204,13 +207,14 @@ var (
 	descTxns         = desc("kafka_transactions_total", "Kafka transactions of the exactly-once mode, by result: committed or aborted.", "result")
 	descCheckpoint   = desc("checkpoint_lsn", "Last checkpoint committed to Kafka or read back at start (exactly-once mode, as a byte position); the slot is never confirmed past it. Absent before the first.")
 	descSkipped      = desc("events_skipped_total", "Events the slot sent again that the last checkpoint showed already in Kafka (exactly-once mode).")
+	descPhantomRisk  = desc("failover_phantom_risk", "1 while the slot is a failover slot and the primary's synchronized_standby_slots is empty (a failover to a lagging standby would leave phantom events in Kafka), else 0; absent before the first session checked.")
 )
 
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
 		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
-		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped} {
+		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped, descPhantomRisk} {
 		ch <- d
 	}
 }
@@ -244,6 +248,9 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSkipped, float64(s.SkippedRows))
 	if s.CheckpointLSN != 0 {
 		gauge(descCheckpoint, float64(s.CheckpointLSN))
+	}
+	if s.PhantomRiskKnown {
+		gauge(descPhantomRisk, b2f(s.PhantomRisk))
 	}
 	// What is not known now is left out, never shown at its last value.
 	if s.SlotKnown && s.Slot.Exists {

@@ -26,6 +26,7 @@ func fixedHealth(state pipeline.State) func() pipeline.Health {
 			SlotKnown: true, SlotObservedAt: time.Now(),
 			SlotMonitorErrors: 1, SlotMonitorLastSuccess: time.Now(),
 			CheckpointLSN: 4800, TransactionsCommitted: 7, TransactionsAborted: 1, SkippedRows: 12,
+			PhantomRisk: true, PhantomRiskKnown: true, Warnings: []string{"phantom risk"},
 		}
 		switch state {
 		case pipeline.StateStreaming:
@@ -63,6 +64,9 @@ func TestHealthEndpoints(t *testing.T) {
 		if code, body := get(t, h, "/readyz"); code != tt.code || !strings.Contains(body, tt.contains) {
 			t.Errorf("%s: /readyz = %d %q, want %d containing %q", tt.state, code, body, tt.code, tt.contains)
 		}
+		if _, body := get(t, h, "/readyz"); !strings.Contains(body, "warning: phantom risk") {
+			t.Errorf("%s: /readyz = %q does not carry the warnings", tt.state, body)
+		}
 		if code, _ := get(t, h, "/healthz"); code != 200 {
 			t.Errorf("%s: /healthz = %d", tt.state, code)
 		}
@@ -91,6 +95,7 @@ func TestMetricsExposition(t *testing.T) {
 		`outbox_cdc_events_decoded_total 10`,
 		`outbox_cdc_ignored_operations_total{operation="delete"} 3`,
 		`outbox_cdc_slot_lag_bytes 1000`,
+		`outbox_cdc_failover_phantom_risk 1`,
 		`outbox_cdc_seconds_behind 1.5`,
 		`outbox_cdc_role{role="active"} 1`,
 		`outbox_cdc_role{role="standby"} 0`,
@@ -206,7 +211,7 @@ func TestDashboardsUseExistingMetrics(t *testing.T) {
 					alerts[r.Alert] = true
 				}
 			}
-			for _, want := range []string{"OutboxCdcSlotLost", "OutboxCdcNotStreaming", "OutboxCdcNotStreamingSlotInactive", "OutboxCdcSlotMonitorFailing", "OutboxCdcServerSilent"} {
+			for _, want := range []string{"OutboxCdcSlotLost", "OutboxCdcNotStreaming", "OutboxCdcNotStreamingSlotInactive", "OutboxCdcSlotMonitorFailing", "OutboxCdcServerSilent", "OutboxCdcFailoverPhantomRisk"} {
 				if !alerts[want] {
 					t.Errorf("%s lacks the alert %s", file, want)
 				}

@@ -57,6 +57,13 @@ type Health struct {
 	TransactionsCommitted, TransactionsAborted int64
 	// SkippedRows counts rows skipped at start as already in Kafka (exactly-once mode).
 	SkippedRows int64
+	// PhantomRisk is true while the slot is a failover slot and the primary's
+	// synchronized_standby_slots is empty: a failover to a standby that was behind would leave events in
+	// Kafka whose transactions the new primary never had. PhantomRiskKnown is false before the first
+	// session checked it.
+	PhantomRisk, PhantomRiskKnown bool
+	// Warnings are risks the operator should know of that do not make the pipeline unready.
+	Warnings []string
 }
 
 // observed is the pipeline's mutable state read by Health.
@@ -72,6 +79,16 @@ type observed struct {
 	slotSuccess time.Time
 	verified    time.Time
 	checkpoint  checkpoint.LSN
+	phantomRisk *bool // nil before the first check
+}
+
+// setPhantomRisk records the latest phantom-risk check and returns the one before.
+func (o *observed) setPhantomRisk(risk bool) (was bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	was = o.phantomRisk != nil && *o.phantomRisk
+	o.phantomRisk = &risk
+	return was
 }
 
 func (o *observed) markCheckpoint(lsn checkpoint.LSN) {
@@ -162,7 +179,13 @@ func (p *Pipeline) Health() Health {
 	s.SlotMonitorErrors, s.SlotMonitorLastSuccess = p.obs.slotErrors, p.obs.slotSuccess
 	s.LastVerified = p.obs.verified
 	s.CheckpointLSN = uint64(p.obs.checkpoint)
+	if r := p.obs.phantomRisk; r != nil {
+		s.PhantomRisk, s.PhantomRiskKnown = *r, true
+	}
 	p.obs.mu.Unlock()
+	if s.PhantomRisk {
+		s.Warnings = append(s.Warnings, phantomRiskWarning)
+	}
 	if !s.SlotKnown {
 		s.Slot = replication.SlotState{Name: p.cfg.Postgres.Slot} // nothing known, never an old reading
 	}

@@ -57,10 +57,16 @@ type running struct {
 // startPipeline runs a pipeline until the test stops it or ends.
 func startPipeline(t *testing.T, cfg config.Config) *running {
 	t.Helper()
+	return startPipelineLogged(t, cfg, testLogger(t))
+}
+
+// startPipelineLogged is startPipeline logging to log.
+func startPipelineLogged(t *testing.T, cfg config.Config, log *slog.Logger) *running {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	p, err := New(cfg, testLogger(t))
+	p, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

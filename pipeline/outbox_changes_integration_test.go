@@ -487,6 +487,9 @@ func TestFailoverSlot(t *testing.T) {
 			t.Fatalf("failover_slot=on on PostgreSQL %d: run returned %v, want a set-up error naming 17", version/10000, err)
 		}
 		run := startPipeline(t, testConfig(f))
+		if h := run.p.Health(); h.PhantomRisk || !h.PhantomRiskKnown {
+			t.Errorf("an ordinary slot reported phantom risk %t (known %t)", h.PhantomRisk, h.PhantomRiskKnown)
+		}
 		if err := run.stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -500,9 +503,14 @@ func TestFailoverSlot(t *testing.T) {
 	if failover() {
 		t.Fatal("a slot created without failover is a failover slot: the test proves nothing")
 	}
-	run := startPipeline(t, testConfig(f))
+	var logs syncBuffer
+	run := startPipelineLogged(t, testConfig(f), testLoggerTo(t, &logs))
 	if !failover() {
 		t.Fatal("the router streams from a slot that is not a failover slot (postgres.failover_slot auto on PostgreSQL 17+)")
+	}
+	// The server has no synchronized_standby_slots: a failover could leave phantom events.
+	if h := run.p.Health(); !h.PhantomRisk || len(h.Warnings) == 0 || !strings.Contains(logs.String(), "synchronized_standby_slots is empty") {
+		t.Errorf("a failover slot without synchronized_standby_slots: phantom risk %t, warnings %q, log:\n%s", h.PhantomRisk, h.Warnings, logs.String())
 	}
 	if err := run.stop(); err != nil {
 		t.Fatal(err)

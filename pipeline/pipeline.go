@@ -272,6 +272,10 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 			_ = conn.Close(context.Background())
 		}
 	}()
+	if err := p.checkPhantomRisk(ctx, s.cat, res.Slot.Failover || res.WantFailover); err != nil {
+		s.close()
+		return err
+	}
 	v := &verifier{url: cfg.Postgres.URL, cat: s.cat, outbox: p.outbox(), log: p.log, obs: &p.obs, last: res.Verified,
 		giveUp: cfg.Postgres.ReceiveTimeout}
 	defer func() { c.verified = v.last }()
@@ -515,6 +519,31 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 		p.log.Warn(w)
 	}
 	return s, nil
+}
+
+// phantomRiskWarning says what a failover slot without synchronized_standby_slots risks.
+const phantomRiskWarning = "the slot is a failover slot, but the primary's synchronized_standby_slots is empty: the router may receive (and publish) transactions that no standby has yet, " +
+	"and after a failover to a standby that was behind, Kafka holds events whose transactions the new primary never had (phantom events). " +
+	"Set synchronized_standby_slots to the standbys' physical slots (see outbox-cdc status --standby)"
+
+// checkPhantomRisk reads, for a failover slot, whether the primary holds logical walsenders back
+// until its standbys have flushed (synchronized_standby_slots): without it a failover can leave
+// phantom events in Kafka. It warns when that state changes, and health and metrics report it.
+func (p *Pipeline) checkPhantomRisk(ctx context.Context, cat *replication.Catalog, failoverSlot bool) error {
+	risk := false
+	if failoverSlot {
+		pf, err := cat.PrimaryFailover(ctx)
+		if err != nil {
+			return err
+		}
+		risk = pf.FailoverSupported() && len(pf.SynchronizedStandbySlots) == 0
+	}
+	if was := p.obs.setPhantomRisk(risk); risk && !was {
+		p.log.Warn(phantomRiskWarning, "slot", p.cfg.Postgres.Slot)
+	} else if !risk && was {
+		p.log.Info("synchronized_standby_slots is set now: a failover can no longer leave phantom events", "slot", p.cfg.Postgres.Slot)
+	}
+	return nil
 }
 
 // session is what set-up opened for one session: the catalog connection (the verifier's), the
