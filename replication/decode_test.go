@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
@@ -415,5 +418,43 @@ func TestTimestampsBecomeRFC3339(t *testing.T) {
 		if v, _ := row.Value("created_at"); string(v) != tt.want {
 			t.Errorf("%s (oid %d) -> %q, want %q", tt.text, tt.oid, v, tt.want)
 		}
+	}
+}
+
+// TestStatusUpdateIsBoundedWhenThePeerStopsReading: a server (or a middlebox) that stops reading must
+// not hold a status update until TCP gives up: the write fails within the stream's write timeout and
+// the connection is closed, so the session ends and the next one starts.
+func TestStatusUpdateIsBoundedWhenThePeerStopsReading(t *testing.T) {
+	client, server := net.Pipe() // writes block until the other end reads: it never does
+	defer server.Close()
+	cfg, err := pgconn.ParseConfig("postgres://outbox@127.0.0.1/outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Frontend: pgproto3.NewFrontend(client, client), Config: cfg, ParameterStatuses: map[string]string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newTestStream()
+	st.conn = conn
+	st.writeTimeout = 200 * time.Millisecond
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- st.sendStatus(0x2000, false) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "presumed dead") {
+			t.Fatalf("status update to a peer that reads nothing returned %v, want a timeout", err)
+		}
+		t.Logf("failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the status update blocked for 10 s on a peer that reads nothing")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- st.Close(context.Background()) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the stream blocked on a peer that reads nothing")
 	}
 }

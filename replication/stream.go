@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -91,6 +92,8 @@ type Stream struct {
 	cancelWait context.CancelFunc
 	lastSent   time.Time
 	sentLSN    LSN
+	// writeTimeout bounds every write to the server (statusTimeout).
+	writeTimeout time.Duration
 	// heard is when the server was last heard from, or when the stream last went back to listening
 	// after a wait for in-flight room (it reads nothing meanwhile, so silence then proves nothing).
 	heard time.Time
@@ -191,10 +194,11 @@ func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 		rels:     make(map[uint32]*relation),
 		used:     make(map[string]bool, len(opts.Columns)),
 		bases:    make(map[uint32]uint32),
-		counters: opts.Counters,
-		sentLSN:  opts.StartLSN,
-		lastSent: now,
-		heard:    now,
+		counters:     opts.Counters,
+		sentLSN:      opts.StartLSN,
+		lastSent:     now,
+		heard:        now,
+		writeTimeout: statusTimeout,
 	}
 	for _, c := range opts.Columns {
 		s.used[c.Column] = true
@@ -548,26 +552,48 @@ func (s *Stream) confirmable() LSN {
 	return max(wm, s.sentLSN)
 }
 
-// statusTimeout bounds the write of one status update: a connection whose send buffer stays full
-// that long is dead.
+// statusTimeout bounds every write to the server (a status update, the end of the stream): a
+// connection whose send buffer stays full that long is dead, and a peer that stops reading must not
+// hold the stream until TCP gives up.
 const statusTimeout = 10 * time.Second
+
+// write runs send, a write to the server, bounded by writeTimeout through the socket's write deadline
+// (pglogrepl ignores the context of its writes). A write that failed may have sent part of a message,
+// so the connection is closed: nothing more can be sent on it.
+func (s *Stream) write(what string, send func() error) error {
+	nc := s.conn.Conn()
+	if err := nc.SetWriteDeadline(time.Now().Add(s.writeTimeout)); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := send(); err != nil {
+		_ = nc.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("%s: the server read nothing for %s: the connection is presumed dead: %w", what, s.writeTimeout, err)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := nc.SetWriteDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
 
 func (s *Stream) sendStatus(wm LSN, requestReply bool) error {
 	if wm == 0 {
 		return nil // nothing known yet; never send 0, which the library would echo into every field
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
-	defer cancel()
 	// Write, flush and apply are set explicitly: the server's confirmed_flush_lsn follows flush.
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: pglogrepl.LSN(wm),
-		WALFlushPosition: pglogrepl.LSN(wm),
-		WALApplyPosition: pglogrepl.LSN(wm),
-		ClientTime:       time.Now(),
-		ReplyRequested:   requestReply,
+	err := s.write("send standby status update", func() error {
+		return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: pglogrepl.LSN(wm),
+			WALFlushPosition: pglogrepl.LSN(wm),
+			WALApplyPosition: pglogrepl.LSN(wm),
+			ClientTime:       time.Now(),
+			ReplyRequested:   requestReply,
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("send standby status update: %w", err)
+		return err
 	}
 	if wm != s.sentLSN {
 		s.log.Debug("confirmed", "lsn", wm.String())
@@ -600,9 +626,11 @@ func (s *Stream) Finish(ctx context.Context) error {
 	if err := s.Confirm(); err != nil {
 		return err
 	}
-	s.conn.Frontend().Send(&pgproto3.CopyDone{})
-	if err := s.conn.Frontend().Flush(); err != nil {
-		return fmt.Errorf("end the replication stream: %w", err)
+	if err := s.write("end the replication stream", func() error {
+		s.conn.Frontend().Send(&pgproto3.CopyDone{})
+		return s.conn.Frontend().Flush()
+	}); err != nil {
+		return err
 	}
 	for {
 		msg, err := s.conn.ReceiveMessage(ctx)
@@ -630,7 +658,10 @@ func (s *Stream) Server() string {
 	return ""
 }
 
-// Close closes the replication connection.
+// Close closes the replication connection. Its goodbye to the server is bounded by ctx and by
+// statusTimeout, so that a peer that stopped reading cannot hold it.
 func (s *Stream) Close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
+	defer cancel()
 	return s.conn.Close(ctx)
 }
