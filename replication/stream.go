@@ -187,13 +187,13 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 	now := time.Now()
 	s := &Stream{
-		conn:     conn,
-		opts:     opts,
-		log:      opts.Logger,
-		types:    pgtype.NewMap(),
-		rels:     make(map[uint32]*relation),
-		used:     make(map[string]bool, len(opts.Columns)),
-		bases:    make(map[uint32]uint32),
+		conn:         conn,
+		opts:         opts,
+		log:          opts.Logger,
+		types:        pgtype.NewMap(),
+		rels:         make(map[uint32]*relation),
+		used:         make(map[string]bool, len(opts.Columns)),
+		bases:        make(map[uint32]uint32),
 		counters:     opts.Counters,
 		sentLSN:      opts.StartLSN,
 		lastSent:     now,
