@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -266,5 +269,85 @@ func TestRouterWaitsWhileResyncRuns(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 			sawStandby = sawStandby || router.State() == StateStandby
 		}
+	}
+}
+
+// TestResyncOrdersByTransactionWhenPagesAreReused: without a version column, and with created_at the
+// same (set by the application to one second), an aggregate's events come from the snapshot in the
+// order of their transactions and, within one, of their statements — not by physical position, which
+// vacuumed and reused space turns around: the later event lies in an earlier page.
+func TestResyncOrdersByTransactionWhenPagesAreReused(t *testing.T) {
+	f := testenv.NewFixture(t)
+	ctx := context.Background()
+	cfg := testConfig(f)
+	cfg.Postgres.Columns.AggregateVersion = "" // order by version would hide the rest
+	exec := func(db *pgx.Conn, sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// Rows stored as they are (no compression), so that a page holds a known few of them.
+	exec(f.DB, "ALTER TABLE "+f.Table+" ALTER COLUMN payload SET STORAGE PLAIN")
+	exec(f.DB, "INSERT INTO "+f.Table+` (event_id, event_type, aggregate_id, payload)
+		SELECT gen_random_uuid(), 'Filler', 'filler-' || g, jsonb_build_object('blob', repeat('x', 2000)) FROM generate_series(1, 100) g`)
+	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	gen := testenv.NewGenerator(1, "Ordered")
+	var evs []testenv.Event
+	insert := func(db *pgx.Conn, size int) {
+		t.Helper()
+		e := gen.Event(0)
+		e.Payload = fmt.Sprintf(`{"n": %d, "blob": %q}`, len(evs), strings.Repeat("y", size))
+		exec(db, "INSERT INTO "+f.Table+` (event_id, event_type, aggregate_type, aggregate_id, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+			e.ID, e.Type, e.AggType, e.AggID, e.Payload, at)
+		evs = append(evs, e)
+	}
+	insert(f.DB, 10) // the first event: at the end of the table
+	exec(f.DB, "DELETE FROM "+f.Table+" WHERE event_type = 'Filler' AND (ctid::text::point)[0] < 10")
+	exec(f.DB, "VACUUM "+f.Table)
+	// Later events, each from a connection of its own, land in the space the vacuum freed.
+	for _, sizes := range [][]int{{3000}, {3000, 6000, 4000}} {
+		db, err := pgx.Connect(ctx, f.PostgresURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, size := range sizes {
+			insert(tx.Conn(), size)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = db.Close(ctx)
+	}
+	var firstPage, secondPage int
+	if err := f.DB.QueryRow(ctx, "SELECT (SELECT (ctid::text::point)[0]::int FROM "+f.Table+" WHERE event_id = $1), (SELECT (ctid::text::point)[0]::int FROM "+f.Table+" WHERE event_id = $2)",
+		evs[0].ID, evs[1].ID).Scan(&firstPage, &secondPage); err != nil {
+		t.Fatal(err)
+	}
+	if secondPage >= firstPage {
+		t.Fatalf("the second event lies in page %d, after the first's %d: no reused space, the test proves nothing", secondPage, firstPage)
+	}
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Resync(ctx, ResyncOptions{Yes: true, SnapshotOnly: true, EventTypes: []string{"Ordered"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Ordered"), len(evs), time.Minute)
+	var order []string // one key, one partition: offset order
+	for _, r := range got {
+		order = append(order, testenv.EventID(r))
+	}
+	var want []string
+	for _, e := range evs {
+		want = append(want, e.ID)
+	}
+	if strings.Join(order, ",") != strings.Join(want, ",") {
+		t.Fatalf("the aggregate's events arrived as\n%v, want\n%v", order, want)
 	}
 }

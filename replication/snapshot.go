@@ -30,8 +30,8 @@ type SnapshotColumns struct {
 
 // Snapshot reads outbox rows in one repeatable-read, read-only transaction: the snapshot a slot
 // exported at its consistent point, or (for dry runs) a snapshot of now. Rows come in per-aggregate
-// order — by aggregate, then its version, then created-at, then physical position — so that each
-// Kafka key receives its events in order. It is not safe for concurrent use.
+// order (see Each), so that each Kafka key receives its events in order. It is not safe for
+// concurrent use.
 type Snapshot struct {
 	conn *pgx.Conn
 	open bool // the cursor is declared
@@ -131,19 +131,35 @@ const cursorName = "outbox_cdc_snapshot"
 // Each reads the rows the filter selects in per-aggregate order, decodes them as WAL rows are
 // decoded, and calls fn for each. It reads a bounded number of rows at a time (a server-side cursor),
 // whatever the table's size.
+//
+// The order is the one the WAL gives an aggregate's events as far as a table can tell it: by
+// aggregate; then its version, where the outbox has one; then by transaction — its commit time where
+// track_commit_timestamp is on, else its transaction id, the order in which transactions began to
+// write (the commit order whenever the application serializes an aggregate's writers, as a row lock
+// on the aggregate does); then created-at; then, within a transaction, by statement (cmin); and last
+// by physical position, which is insertion order only within one statement (a multi-row INSERT or
+// COPY into reused space may not be). ctid alone is not insertion order once vacuumed space is reused.
 func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter, fn func(*Row) error) error {
 	w, args, err := where(cols, f)
 	if err != nil {
 		return err
 	}
+	var commitTimes bool
+	if err := s.conn.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp')::bool").Scan(&commitTimes); err != nil {
+		return fmt.Errorf("read track_commit_timestamp: %w", err)
+	}
 	order := []string{pgx.Identifier{cols.AggregateID}.Sanitize()}
 	if cols.AggregateVersion != "" {
 		order = append(order, pgx.Identifier{cols.AggregateVersion}.Sanitize())
 	}
+	if commitTimes {
+		order = append(order, "pg_xact_commit_timestamp(xmin) NULLS FIRST") // NULL: committed before it was tracked
+	}
+	order = append(order, "age(xmin) DESC")
 	if cols.CreatedAt != "" {
 		order = append(order, pgx.Identifier{cols.CreatedAt}.Sanitize())
 	}
-	order = append(order, "ctid")
+	order = append(order, "cmin::text::bigint", "ctid")
 	if s.open {
 		if _, err := s.conn.Exec(ctx, "CLOSE "+cursorName); err != nil {
 			return fmt.Errorf("close snapshot cursor: %w", err)
