@@ -283,6 +283,23 @@ func (r *Router) fail(err error) {
 	r.failOnce.Do(func() {
 		r.failErr = err
 		close(r.failed)
+		if !r.transactional() {
+			// Nothing produced after the failure may reach Kafka ahead of the failed records'
+			// replay: franz-go failed what it had buffered for the failed partition, but records
+			// produced since would go out normally. Fail everything still buffered, and whatever
+			// is produced while that runs (Produce refuses from now on). In transactions the
+			// aborted transaction hides it all from read_committed consumers anyway.
+			go func() {
+				ctx, cancel := context.WithTimeout(r.closeCtx, 30*time.Second)
+				defer cancel()
+				if err := r.client.AbortBufferedRecords(ctx); err != nil {
+					r.log.Debug("abort buffered records after a failure", "error", err.Error())
+				}
+				if r.alone != nil {
+					_ = r.alone.AbortBufferedRecords(ctx)
+				}
+			}()
+		}
 	})
 }
 
@@ -356,6 +373,12 @@ func (p *Prepared) Topic() string {
 // dead-letter record, is acknowledged. A final produce error fails the router instead: ack never
 // runs, so the slot never moves past the record.
 func (r *Router) Produce(p *Prepared, ack func()) {
+	if r.Err() != nil {
+		// Failed since Prepare: nothing more goes to Kafka before the replay (never acknowledged,
+		// so the slot never moves past it).
+		r.release(p.size)
+		return
+	}
 	if err := r.begin(); err != nil {
 		r.release(p.size)
 		r.fail(err)

@@ -702,3 +702,50 @@ func TestLingerIsWhatIsConfigured(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingFollowsAFailure: once the router knows a produce failed for good, nothing more reaches
+// Kafka before the session replays from the slot: records still buffered in the client (lingering) are
+// aborted, and records prepared before the failure and produced after it are not sent — they would
+// land ahead of the replay of the failed ones, and a consumer would see 11 before 6. (franz-go fails
+// what it buffered for the failed partition itself; records produced between that and the failure's
+// promise reaching the router may still be sent: see the README.)
+func TestNothingFollowsAFailure(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := testRouter(t, c, func(o *Options) { o.Kafka.Linger = time.Minute })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var acked atomic.Int32
+	for i := range 5 { // lingering in the client
+		if err := send(t, r, row("orders", fmt.Sprintf("e%d", i)), func() { acked.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late, err := r.Prepare(ctx, row("orders", "e5"), Source{LSN: "0/1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fail(errors.New("kafka failed a batch for good")) // what the first failed promise does
+	r.Produce(late, func() { acked.Add(1) })
+	_ = r.Flush(ctx) // what the pipeline does before it closes the router
+	r.Close()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end, _ := ends.Lookup("orders", 0); end.Offset != 0 || acked.Load() != 0 {
+		t.Fatalf("after the failure %d records reached Kafka (%d acknowledged): they would overtake the replay", end.Offset, acked.Load())
+	}
+	if in, _ := r.limiter.InFlight(); in != 0 {
+		t.Fatalf("%d records still count as in flight", in)
+	}
+}
