@@ -94,6 +94,16 @@ func AlreadyDelivered(commitLSN, checkpoint LSN) bool {
 // may never have reached Kafka.
 var ErrGap = errors.New("the replication slot is ahead of the last checkpoint in Kafka")
 
+// ErrBeyondWAL is returned (wrapped) when the last checkpoint counts transactions past the end of the
+// server's WAL: no router of this slot wrote it on this server. Trusting it would skip every
+// transaction up to its position.
+var ErrBeyondWAL = errors.New("the last checkpoint in Kafka stands past the end of the server's WAL")
+
+// ErrMissing is returned (wrapped) when a slot that had a checkpoint in Kafka finds none: the
+// checkpoint topic was deleted, or its records expired. Resuming from the slot would deliver the
+// unconfirmed tail again to read_committed consumers.
+var ErrMissing = errors.New("the slot's checkpoint is missing from Kafka")
+
 // TimelineEnd is one line of a server's timeline history: Timeline ended at End, where the server's
 // WAL continued on the next timeline (a promotion, or a recovery to a point in time).
 type TimelineEnd struct {
@@ -132,6 +142,9 @@ func ParseTimelineHistory(content []byte) ([]TimelineEnd, error) {
 type Server struct {
 	Timeline uint32
 	History  []TimelineEnd
+	// WALEnd is how far the server's WAL reaches (IDENTIFY_SYSTEM's xlogpos); zero when unknown. A
+	// checkpoint that counts past it was not written by this slot's router on this server.
+	WALEnd LSN
 }
 
 // TimelineStart returns where timeline tl began in this server's history (the end of the timeline
@@ -203,6 +216,12 @@ func Start(slot LSN, server Server, last *Record, acceptGap bool) (Resume, error
 		if shared < last.LSN {
 			r = Resume{SkipBelow: shared, PhantomFrom: shared, PhantomTo: last.LSN}
 		}
+	}
+	if server.WALEnd != 0 && r.SkipBelow > server.WALEnd {
+		return Resume{}, fmt.Errorf("%w: the checkpoint (%s, written %s) would have every transaction up to there skipped as delivered, but the server's WAL ends at %s: "+
+			"no router of this slot wrote it on this server (a record put in kafka.checkpoint_topic by something else, or a server restored to an earlier point under the same system identifier). "+
+			"Recover with `outbox-cdc resync`: it republishes the rows still in the outbox and writes a checkpoint of its own, which replaces this one",
+			ErrBeyondWAL, last.LSN, last.Written.UTC().Format(time.RFC3339), server.WALEnd)
 	}
 	if slot > r.SkipBelow && !acceptGap {
 		return Resume{}, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+

@@ -229,6 +229,8 @@ func TestStartAfterAFailover(t *testing.T) {
 		{"sibling of a middle timeline", 0x3000, Server{Timeline: 3, History: history}, Record{LSN: 0x6000, Timeline: 2, TimelineStart: 0x3800},
 			Resume{SkipBelow: 0x3800, PhantomFrom: 0x3800, PhantomTo: 0x6000}, false},
 		{"sibling, slot past the branch", 0x3900, Server{Timeline: 2, History: []TimelineEnd{{1, 0x3800}}}, Record{LSN: 0x5000, Timeline: 2, TimelineStart: 0x4000}, Resume{}, true},
+		{"checkpoint past a failover, WAL short of it", 0x3000, Server{Timeline: 2, History: history[:1], WALEnd: 0x4800}, Record{LSN: 0x5000, Timeline: 1},
+			Resume{SkipBelow: 0x4000, PhantomFrom: 0x4000, PhantomTo: 0x5000}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -345,6 +347,21 @@ func TestSiblingTimelineModel(t *testing.T) {
 				t.Fatalf("seed %d: transaction %d at %s (forks %s and %s, checkpoint %s): skipped %t, but in Kafka %t", seed, i, tx.commit, forkA, forkB, cpAt, skipped, inKafka)
 			}
 		}
+	}
+}
+
+// TestCheckpointPastTheWALIsRefused: a checkpoint that would have transactions skipped past the end of
+// the server's WAL was not written by this slot's router here (a forged record, a restore to an earlier
+// point): trusting it would skip everything up to it. --accept-gap does not accept it.
+func TestCheckpointPastTheWALIsRefused(t *testing.T) {
+	for _, accept := range []bool{false, true} {
+		_, err := Start(0x1000, Server{Timeline: 1, WALEnd: 0x2000}, &Record{LSN: 0xFFFF0000, Timeline: 1}, accept)
+		if !errors.Is(err, ErrBeyondWAL) || !strings.Contains(err.Error(), "resync") {
+			t.Errorf("accept-gap %t: %v, want ErrBeyondWAL pointing at resync", accept, err)
+		}
+	}
+	if _, err := Start(0x1000, Server{Timeline: 1, WALEnd: 0x2000}, &Record{LSN: 0x2000, Timeline: 1}, false); err != nil {
+		t.Errorf("a checkpoint at the WAL's end refused: %v", err)
 	}
 }
 

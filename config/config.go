@@ -430,9 +430,34 @@ func (c *Config) Validate() error {
 		}
 		if c.Kafka.TransactionTimeout < time.Second {
 			bad("kafka.transaction_timeout", "must be at least 1s, got %s", c.Kafka.TransactionTimeout)
+		} else if c.Kafka.TransactionInterval > c.Kafka.TransactionTimeout/2 {
+			bad("kafka.transaction_interval", "must be at most half of kafka.transaction_timeout (%s): a Kafka transaction open longer than the timeout is aborted by the broker, and the commit itself takes time; got %s",
+				c.Kafka.TransactionTimeout, c.Kafka.TransactionInterval)
 		}
 	default:
 		bad("kafka.delivery", "must be %s or %s, got %q", DeliveryAtLeastOnce, DeliveryExactlyOnce, c.Kafka.Delivery)
+	}
+	if cp := c.Kafka.CheckpointTopic; cp != "" {
+		// The checkpoint topic is shared by every slot's exactly-once router by default: a record a
+		// row put there could pass for another slot's checkpoint. '.' and '_' collide in Kafka.
+		same := func(t string) bool {
+			return t != "" && strings.ReplaceAll(t, ".", "_") == strings.ReplaceAll(cp, ".", "_")
+		}
+		why := "is kafka.checkpoint_topic (%q), which holds the exactly-once checkpoints of every slot: no record may go there"
+		if same(c.Routing.DLQTopic) {
+			bad("routing.dlq_topic", why, cp)
+		}
+		if same(c.Routing.FallbackTopic) {
+			bad("routing.fallback_topic", why, cp)
+		}
+		for et, t := range c.Routing.Topics {
+			if same(t) {
+				bad("routing.topics."+et, why, cp)
+			}
+		}
+		if !strings.ContainsAny(c.Routing.Topic, "{}") && same(c.Routing.Topic) {
+			bad("routing.topic", why, cp)
+		}
 	}
 	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")

@@ -90,6 +90,13 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"zero transaction interval", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionInterval = DeliveryExactlyOnce, 0 }, "kafka.transaction_interval"},
 		{"zero transaction records", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionMaxRecords = DeliveryExactlyOnce, 0 }, "kafka.transaction_max_records"},
 		{"short transaction timeout", func(c *Config) { c.Kafka.Delivery, c.Kafka.TransactionTimeout = DeliveryExactlyOnce, time.Millisecond }, "kafka.transaction_timeout"},
+		{"transaction interval near the timeout", func(c *Config) {
+			c.Kafka.Delivery, c.Kafka.TransactionInterval, c.Kafka.TransactionTimeout = DeliveryExactlyOnce, 40*time.Second, time.Minute
+		}, "kafka.transaction_interval"},
+		{"dead letters into the checkpoint topic", func(c *Config) { c.Routing.DLQTopic = c.Kafka.CheckpointTopic }, "routing.dlq_topic"},
+		{"fallback into the checkpoint topic", func(c *Config) { c.Routing.FallbackTopic = c.Kafka.CheckpointTopic }, "routing.fallback_topic"},
+		{"an event type into the checkpoint topic", func(c *Config) { c.Routing.Topics = map[string]string{"Paid": "outbox-cdc_checkpoints"} }, "routing.topics.Paid"},
+		{"every row into the checkpoint topic", func(c *Config) { c.Routing.Topic = c.Kafka.CheckpointTopic }, "routing.topic"},
 		{"unknown header format", func(c *Config) { c.Kafka.HeaderFormat = "cloudevent" }, "kafka.header_format"},
 		{"source without cloudevents", func(c *Config) { c.Kafka.CloudEventsSource = "/x" }, "kafka.cloudevents_source"},
 		{"cloudevents without a type column", func(c *Config) { c.Kafka.HeaderFormat, c.Postgres.Columns.EventType = HeaderFormatCloudEvents, "" }, "postgres.columns.event_type"},

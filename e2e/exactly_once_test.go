@@ -126,7 +126,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 	// A long transaction interval (and no commit on a quiet stream) keeps the frozen router's Kafka
 	// transaction open, its records already acknowledged, when it is stopped, however slow the
 	// machine; the standby commits as usual once it has taken over.
-	active := startRouter(t, append(eosEnv(f), "OUTBOX_CDC_TRANSACTION_INTERVAL=50s", "OUTBOX_CDC_QUIET_FLUSH=0"))
+	active := startRouter(t, append(eosEnv(f), "OUTBOX_CDC_TRANSACTION_INTERVAL=50s", "OUTBOX_CDC_TRANSACTION_TIMEOUT=2m", "OUTBOX_CDC_QUIET_FLUSH=0"))
 	active.waitLog(t, "streaming", 60*time.Second)
 	standby := startRouter(t, eosEnv(f))
 	standby.waitLog(t, "hot standby", 60*time.Second)

@@ -27,7 +27,8 @@ type txnHandler struct {
 	timelineStart checkpoint.LSN
 	verified      func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
 	interval      time.Duration
-	clock         quietClock // quiet 0: no commit on a quiet stream
+	ackTimeout    time.Duration // kafka.ack_timeout: bounds a commit; 0 does not
+	clock         quietClock    // quiet 0: no commit on a quiet stream
 	maxRecords    int
 	idleEvery     time.Duration
 	obs           *observed
@@ -134,7 +135,18 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 			return nil
 		}
 	}
+	if h.ackTimeout > 0 {
+		// The stream neither reads nor answers the walsender while it commits: bound the commit as
+		// an acknowledgement is bounded, and let go of PostgreSQL if Kafka does not answer.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, h.ackTimeout)
+		defer cancel()
+	}
 	if err := h.router.Commit(ctx, cp); err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return &kafkaError{fmt.Errorf("%w: the Kafka commit did not finish within kafka.ack_timeout (%s); the slot keeps everything unconfirmed, and a new session starts once Kafka answers: %w",
+				errReleased, h.ackTimeout, err)}
+		}
 		return err
 	}
 	h.committed.Store(uint64(cp.LSN))
@@ -167,12 +179,31 @@ func (h *txnHandler) finish(ctx context.Context, commit bool) (committed bool, e
 func (p *Pipeline) startExactlyOnce(ctx context.Context, rt *router.Router, slot checkpoint.LSN, srv replication.Server) (skipBelow checkpoint.LSN, last *checkpoint.Record, err error) {
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout+30*time.Second)
 	defer cancel()
+	// Asked before fencing changes it: a last transaction that committed wrote a checkpoint.
+	state, err := rt.TransactionState(fctx)
+	if err != nil {
+		return 0, nil, &kafkaError{err}
+	}
 	if err := rt.Fence(fctx); err != nil {
 		return 0, nil, &kafkaError{err}
 	}
 	last, err = rt.ReadCheckpoint(fctx)
 	if err != nil {
 		return 0, nil, &kafkaError{err}
+	}
+	if last == nil && (p.obs.hadCheckpoint() || state == "CompleteCommit") {
+		why := "this process had one"
+		if !p.obs.hadCheckpoint() {
+			why = "Kafka's transaction coordinator says the slot's last Kafka transaction committed, and every one that commits writes a checkpoint"
+		}
+		if !p.gaps.flag {
+			return 0, nil, fmt.Errorf("%w: kafka.checkpoint_topic %s holds no checkpoint for slot %s, yet %s: the topic was deleted, or its records expired (retention). "+
+				"Resuming from the slot would deliver its unconfirmed tail again to read_committed consumers; to do so anyway, start once with --accept-gap, or recover with `outbox-cdc resync`",
+				checkpoint.ErrMissing, p.cfg.Kafka.CheckpointTopic, p.slotID, why)
+		}
+		p.gaps.flag = false
+		p.log.Warn("exactly-once: the slot's checkpoint is missing from Kafka and --accept-gap is set: resuming from the slot; events after it may be delivered twice",
+			"checkpoint_topic", p.cfg.Kafka.CheckpointTopic, "reason", why)
 	}
 	timeline := srv.Timeline
 	resume, err := p.gaps.start(slot, srv.Checkpoint(), last)
@@ -244,4 +275,10 @@ func (g *gapPolicy) accepts(slot checkpoint.LSN, last *checkpoint.Record) bool {
 	}
 	a := g.accepted
 	return a != nil && last != nil && last.LSN == a.last.LSN && last.Written.Equal(a.last.Written) && slot <= a.slot
+}
+
+// singleTransaction reports whether the open Kafka transaction holds at most one PostgreSQL
+// transaction (whole or in part): one that cannot be split, so a replay meets the same limits.
+func (h *txnHandler) singleTransaction() bool {
+	return h.txns == 0 || (h.txns == 1 && h.open == nil)
 }

@@ -91,6 +91,13 @@ func (o *observed) setPhantomRisk(risk bool) (was bool) {
 	return was
 }
 
+// hadCheckpoint reports whether this process read or committed a checkpoint.
+func (o *observed) hadCheckpoint() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.checkpoint != 0
+}
+
 func (o *observed) markCheckpoint(lsn checkpoint.LSN) {
 	o.mu.Lock()
 	o.checkpoint = max(o.checkpoint, lsn)

@@ -91,6 +91,9 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
+	// Shared by the exactly-once routers of every slot, in either mode of this one: a row's record
+	// there could pass for a checkpoint.
+	rules.Reserve(cfg.Kafka.CheckpointTopic, "kafka.checkpoint_topic, which holds the exactly-once checkpoints")
 	if cfg.Kafka.ExactlyOnce() && !outbox.ValidTopic(cfg.Kafka.CheckpointTopic) {
 		return nil, fmt.Errorf("invalid configuration: kafka.checkpoint_topic: %q is not a valid Kafka topic name", cfg.Kafka.CheckpointTopic)
 	}
@@ -159,7 +162,7 @@ func permanent(err error) bool {
 	}
 	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, replication.ErrUnreadable) || errors.Is(err, router.ErrConfig) ||
-		errors.Is(err, checkpoint.ErrGap)
+		errors.Is(err, checkpoint.ErrGap) || errors.Is(err, checkpoint.ErrMissing) || errors.Is(err, checkpoint.ErrBeyondWAL) || errors.Is(err, errTransactionTooLarge)
 }
 
 // carried is what one session leaves to the next.
@@ -292,7 +295,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		if err != nil {
 			return err // the catalog connection is the verifier's, closed with it
 		}
-		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
+		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		if last != nil {
@@ -385,6 +388,12 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}
 	if rerr := rt.Err(); rerr != nil {
 		runErr = &kafkaError{rerr}
+		if eos != nil && errors.Is(rerr, router.ErrTxnTimedOut) && eos.singleTransaction() {
+			// One PostgreSQL transaction is never split over Kafka transactions: replayed, it would
+			// time out again, forever.
+			runErr = fmt.Errorf("%w: a single PostgreSQL transaction took longer to deliver than kafka.transaction_timeout (%s) allows; raise kafka.transaction_timeout (and the brokers' transaction.max.timeout.ms): %w",
+				errTransactionTooLarge, cfg.Kafka.TransactionTimeout, rerr)
+		}
 		var rejected *router.RejectedBatchError
 		if errors.As(rerr, &rejected) {
 			// Every record of the rejected partition fails with it; wait for their promises to name
@@ -616,6 +625,10 @@ type verifier struct {
 
 // confirmLimit is the stream's ConfirmLimit.
 func (v *verifier) confirmLimit() checkpoint.LSN { return checkpoint.LSN(v.limit.Load()) }
+
+// errTransactionTooLarge stops the router: a PostgreSQL transaction cannot be delivered within the
+// Kafka transaction timeout, and a replay would only time out again.
+var errTransactionTooLarge = errors.New("a PostgreSQL transaction does not fit in one Kafka transaction")
 
 // errReleased ends a session that lets go of the replication connection so that PostgreSQL is not
 // held: the slot keeps everything unconfirmed, and the next session replays it.

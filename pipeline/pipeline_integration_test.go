@@ -144,7 +144,7 @@ func TestQuietStreamSendsAtOnce(t *testing.T) {
 func testQuietStreamSendsAtOnce(t *testing.T, mode deliveryMode) {
 	f := testenv.NewFixture(t)
 	cfg := mode.config(f)
-	cfg.Kafka.Linger, cfg.Kafka.TransactionInterval = time.Minute, time.Minute
+	cfg.Kafka.Linger, cfg.Kafka.TransactionInterval, cfg.Kafka.TransactionTimeout = time.Minute, time.Minute, 3*time.Minute
 	startPipeline(t, cfg)
 	gen := testenv.NewGenerator(2, "Quiet")
 	// The first transaction creates the topic; the second one comes to a stream that is all set.

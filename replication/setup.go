@@ -107,11 +107,13 @@ type Server struct {
 	// to a point in time); History its history, empty on timeline 1.
 	Timeline uint32
 	History  []checkpoint.TimelineEnd
+	// WALEnd is how far the server had flushed its WAL when asked.
+	WALEnd LSN
 }
 
 // Checkpoint is the server as the exactly-once mode's checkpoint logic sees it.
 func (s Server) Checkpoint() checkpoint.Server {
-	return checkpoint.Server{Timeline: s.Timeline, History: s.History}
+	return checkpoint.Server{Timeline: s.Timeline, History: s.History, WALEnd: s.WALEnd}
 }
 
 // TimelineStart is where the server's current timeline began (zero on timeline 1).
@@ -128,7 +130,7 @@ func IdentifyServer(ctx context.Context, conn *pgconn.PgConn) (Server, error) {
 	if err != nil {
 		return Server{}, fmt.Errorf("identify the database system (IDENTIFY_SYSTEM): %w", err)
 	}
-	srv := Server{SystemID: res.SystemID, Database: res.DBName, Timeline: uint32(res.Timeline)}
+	srv := Server{SystemID: res.SystemID, Database: res.DBName, Timeline: uint32(res.Timeline), WALEnd: LSN(res.XLogPos)}
 	if srv.Timeline > 1 {
 		hist, err := pglogrepl.TimelineHistory(ctx, conn, res.Timeline)
 		if err != nil {

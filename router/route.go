@@ -39,6 +39,8 @@ type Rules struct {
 	fallback string
 	allowed  []string
 	cols     config.Columns
+	// reserved are topics no row may go to (the checkpoint topic), with why.
+	reserved map[string]string
 
 	// resolved caches the topics a template with one column made, valid and allowed, by that
 	// column's value: the template, the name check and the allowed patterns run once per event type,
@@ -111,8 +113,41 @@ func NewRules(routing config.Routing, cols config.Columns) (*Rules, error) {
 		}
 		r.parts = append(r.parts, templatePart{literal: rest})
 	}
+	if template != "" && len(r.TemplateColumns()) == 0 {
+		// A constant: every row would go to this one topic, so Kafka's rules apply now.
+		if !outbox.ValidTopic(template) {
+			return nil, fmt.Errorf("routing.topic: %q has no {placeholder} and is not a valid Kafka topic name (1-249 of [a-zA-Z0-9._-], not starting with __)", template)
+		}
+		if !r.Allowed(template) {
+			return nil, fmt.Errorf("routing.topic: %q matches no pattern of routing.allowed_topics", template)
+		}
+	}
 	r.single = r.singleColumn()
 	return r, nil
+}
+
+// Reserve keeps every row out of topic (and out of any topic Kafka would take for it: '.' and '_'
+// collide), naming what it is in the reason a row routed there is dead-lettered with. Call it before
+// the rules are used.
+func (r *Rules) Reserve(topic, what string) {
+	if topic == "" {
+		return
+	}
+	if r.reserved == nil {
+		r.reserved = make(map[string]string)
+	}
+	r.reserved[collisionName(topic)] = what
+}
+
+// collisionName is the name Kafka compares topics by: '.' and '_' are the same to it.
+func collisionName(topic string) string { return strings.ReplaceAll(topic, ".", "_") }
+
+// refused says why no row may go to topic, or "".
+func (r *Rules) refused(topic string) string {
+	if what, ok := r.reserved[collisionName(topic)]; ok {
+		return fmt.Sprintf("topic %q is %s: rows are never routed there", truncate(topic, 300), what)
+	}
+	return ""
 }
 
 // undeliverable says why a row can never be delivered (no topic, no key, too large, ...): such a row
@@ -131,7 +166,7 @@ func (r *Rules) Topic(row Row) (string, error) {
 		return "", &undeliverable{reason: fmt.Sprintf("column %s (event type) is NULL or empty", r.cols.EventType)}
 	}
 	if t, ok := r.topics[string(et)]; ok {
-		return t, nil
+		return t, nil // a reserved topic cannot be in the map (config.Validate)
 	}
 	if len(r.parts) == 0 {
 		return r.orFallback(fmt.Sprintf("no routing.topics entry for event type %q and no topic template", et))
@@ -165,6 +200,9 @@ func (r *Rules) Topic(row Row) (string, error) {
 	}
 	if !r.Allowed(topic) {
 		return "", &undeliverable{reason: fmt.Sprintf("topic %q matches no pattern of routing.allowed_topics", topic)}
+	}
+	if why := r.refused(topic); why != "" {
+		return "", &undeliverable{reason: why}
 	}
 	if column != "" {
 		r.mu.Lock()

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -138,5 +139,53 @@ func TestTopicIsAlwaysValidOrUnroutable(t *testing.T) {
 		if err != nil && topic != "" {
 			t.Fatalf("unroutable row returned topic %q", topic)
 		}
+	}
+}
+
+// TestReservedTopicIsNeverRouted: a row whose template makes the checkpoint topic (or a name Kafka
+// takes for it: '.' and '_' collide) is undeliverable with the reason, fallback or not.
+func TestReservedTopicIsNeverRouted(t *testing.T) {
+	r, err := NewRules(config.Routing{Topic: "outbox-cdc.{event_type}", FallbackTopic: "fallback"}, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Reserve("outbox-cdc.checkpoints", "kafka.checkpoint_topic")
+	for _, et := range []string{"checkpoints"} {
+		_, err := r.Topic(mapRow{"event_type": et})
+		var u *undeliverable
+		if !errors.As(err, &u) || !strings.Contains(u.reason, "kafka.checkpoint_topic") {
+			t.Errorf("event type %q: %v, want undeliverable naming kafka.checkpoint_topic", et, err)
+		}
+	}
+	collide, err := NewRules(config.Routing{Topic: "outbox-cdc_{event_type}"}, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	collide.Reserve("outbox-cdc.checkpoints", "kafka.checkpoint_topic")
+	if _, err := collide.Topic(mapRow{"event_type": "checkpoints"}); err == nil {
+		t.Error("a topic colliding with the checkpoint topic was routed")
+	}
+	if topic, err := r.Topic(mapRow{"event_type": "OrderPaid"}); err != nil || topic != "outbox-cdc.OrderPaid" {
+		t.Errorf("an ordinary row went to %q (%v)", topic, err)
+	}
+}
+
+// TestConstantTemplateIsCheckedAtStart: a template without a placeholder is one topic for every row:
+// one Kafka refuses, or the allow-list excludes, is a configuration error naming routing.topic.
+func TestConstantTemplateIsCheckedAtStart(t *testing.T) {
+	for _, tt := range []struct {
+		routing config.Routing
+		want    string
+	}{
+		{config.Routing{Topic: "bad/name"}, "routing.topic"},
+		{config.Routing{Topic: "__internal"}, "routing.topic"},
+		{config.Routing{Topic: "orders", AllowedTopics: []string{"events.*"}}, "routing.allowed_topics"},
+	} {
+		if _, err := NewRules(tt.routing, defaultCols); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("template %q: %v, want an error naming %s", tt.routing.Topic, err, tt.want)
+		}
+	}
+	if _, err := NewRules(config.Routing{Topic: "orders.all"}, defaultCols); err != nil {
+		t.Errorf("a valid constant template refused: %v", err)
 	}
 }

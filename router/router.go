@@ -147,6 +147,9 @@ type Router struct {
 	// Prepare's goroutine only.
 	inTxn      bool
 	txnRecords int
+	// txnBegan is when the open Kafka transaction began (Unix nanoseconds), read on the promise
+	// goroutine to tell a timed-out transaction from a takeover.
+	txnBegan atomic.Int64
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc

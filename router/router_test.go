@@ -749,3 +749,90 @@ func TestNothingFollowsAFailure(t *testing.T) {
 		t.Fatalf("%d records still count as in flight", in)
 	}
 }
+
+// TestCheckpointReadIgnoresForgeriesAndFindsTheNewest: a record keyed like the slot that no Kafka
+// transaction wrote (a plain producer's, as a row routed there would be in at-least-once mode) is
+// not a checkpoint, whatever it says; and when partitions were added to the checkpoint topic, the
+// slot's newest checkpoint is the one written last, whichever partition holds it.
+func TestCheckpointReadIgnoresForgeriesAndFindsTheNewest(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slot := checkpoint.SlotID{SystemID: "1", Database: "db", Slot: "s"}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	written := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	write := func(partition int32, transactional bool, lsn checkpoint.LSN, at time.Time) {
+		t.Helper()
+		opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+		if transactional {
+			opts = append(opts, kgo.TransactionalID(fmt.Sprintf("writer-%d-%d", partition, lsn)))
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		rec := &kgo.Record{Topic: "checkpoints", Partition: partition, Key: []byte(slot.String()),
+			Value: checkpoint.Record{Slot: slot, LSN: lsn, Written: at}.Marshal()}
+		if transactional {
+			if err := cl.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if transactional {
+			if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read := func() *checkpoint.Record {
+		t.Helper()
+		last, err := ReadCheckpoint(ctx, config.Kafka{Brokers: c.ListenAddrs(), ClientID: "test"}, "checkpoints", slot, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+	write(0, true, 0x5000, written)
+	write(0, false, 0xFFFF0000, written.Add(time.Hour)) // forged: a plain producer's record
+	if last := read(); last == nil || last.LSN != 0x5000 {
+		t.Fatalf("read %+v, want the transactional checkpoint at 0/5000, not the forgery", last)
+	}
+	write(1, true, 0x6000, written.Add(time.Minute)) // the key moved to another partition
+	write(0, true, 0x5800, written.Add(-time.Minute)) // older, though later in its partition's log
+	if last := read(); last == nil || last.LSN != 0x6000 {
+		t.Fatalf("read %+v, want the checkpoint written last (0/6000), in the other partition", last)
+	}
+}
+
+// TestTransactionTimeoutAboveTheBrokersIsAConfigurationError: a kafka.transaction_timeout above the
+// brokers' transaction.max.timeout.ms is refused at every InitProducerID: retrying cannot help, so it
+// is a configuration error naming the key, not a Kafka failure to retry forever.
+func TestTransactionTimeoutAboveTheBrokersIsAConfigurationError(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.ControlKey(int16(kmsg.InitProducerID), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := kreq.(*kmsg.InitProducerIDRequest).ResponseKind().(*kmsg.InitProducerIDResponse)
+		resp.ErrorCode = kerr.InvalidTransactionTimeout.Code
+		return resp, nil, true
+	})
+	r := testRouter(t, c, func(o *Options) {
+		o.Transactions = &Transactions{Slot: checkpoint.SlotID{SystemID: "1", Database: "db", Slot: "s"}, Topic: "checkpoints", Timeout: time.Hour}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = r.Fence(ctx)
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "kafka.transaction_timeout") {
+		t.Fatalf("fence returned %v, want a configuration error naming kafka.transaction_timeout", err)
+	}
+}

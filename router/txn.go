@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -31,6 +33,11 @@ type Transactions struct {
 // this one must not write again.
 var ErrFenced = errors.New("fenced: another instance took over this slot's Kafka transactions")
 
+// ErrTxnTimedOut is returned (wrapped) when a Kafka transaction stayed open longer than
+// kafka.transaction_timeout and the transaction coordinator aborted it (which Kafka reports as
+// fencing): nothing of it is visible, and the session replays it.
+var ErrTxnTimedOut = errors.New("the Kafka transaction stayed open longer than kafka.transaction_timeout and the transaction coordinator aborted it")
+
 // fenced reports Kafka's ways of saying that a newer producer holds the transactional id.
 func fenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
@@ -47,9 +54,40 @@ func (r *Router) Fence(ctx context.Context) error {
 		return nil
 	}
 	if _, _, err := r.client.ProducerID(ctx); err != nil {
+		if errors.Is(err, kerr.InvalidTransactionTimeout) {
+			return fmt.Errorf("%w: kafka.transaction_timeout (%s) is above the brokers' transaction.max.timeout.ms: lower it, or raise the broker setting: %w",
+				ErrConfig, r.opts.Transactions.Timeout, err)
+		}
+		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+			return fmt.Errorf("%w: the Kafka principal may not use transactional id %s (WRITE on it, and IDEMPOTENT_WRITE on the cluster before Kafka 3.0): %w",
+				ErrConfig, r.opts.Transactions.Slot.TransactionalID(), err)
+		}
 		return fmt.Errorf("initialize the transactional producer %s: %w", r.opts.Transactions.Slot.TransactionalID(), err)
 	}
 	return nil
+}
+
+// TransactionState is what Kafka's transaction coordinator knows of the slot's transactional id,
+// asked before Fence changes it: its last transaction's state (Empty, Ongoing, CompleteCommit,
+// CompleteAbort, ...), or "" when the id is unknown to it (never used, or expired after
+// transactional.id.expiration.ms) or the brokers are too old to say (before Kafka 3.0).
+func (r *Router) TransactionState(ctx context.Context) (string, error) {
+	id := r.opts.Transactions.Slot.TransactionalID()
+	described, err := r.admin.DescribeTransactions(ctx, id)
+	if err != nil {
+		if errors.Is(err, kerr.UnsupportedVersion) || errors.Is(err, kerr.TransactionalIDNotFound) || errors.Is(err, kerr.CoordinatorNotAvailable) {
+			return "", nil
+		}
+		return "", fmt.Errorf("describe transactional id %s: %w", id, err)
+	}
+	d, ok := described[id]
+	if !ok || errors.Is(d.Err, kerr.TransactionalIDNotFound) {
+		return "", nil
+	}
+	if d.Err != nil {
+		return "", fmt.Errorf("describe transactional id %s: %w", id, d.Err)
+	}
+	return d.State, nil
 }
 
 // ReadCheckpoint reads the checkpoint topic to its end with read_committed isolation and returns the
@@ -110,7 +148,7 @@ func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot chec
 	}
 	consumer.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})
 	key := slot.String()
-	var last *checkpoint.Record
+	newest := map[int32]*checkpoint.Record{} // per partition, the last record for the slot
 	for len(want) > 0 {
 		fetches := consumer.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -130,13 +168,31 @@ func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot chec
 			if rec.Attrs.IsControl() || string(rec.Key) != key {
 				return
 			}
+			if !rec.Attrs.IsTransactional() {
+				// Routers write checkpoints only in committed Kafka transactions: anything else keyed
+				// like the slot was put there by something else.
+				log.Warn("ignoring a record keyed like this slot's checkpoint that no Kafka transaction wrote", "topic", topic, "partition", rec.Partition, "offset", rec.Offset)
+				return
+			}
 			cp, err := checkpoint.ParseRecord(rec.Key, rec.Value)
 			if err != nil {
 				log.Warn("ignoring a malformed checkpoint record", "topic", topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
 				return
 			}
-			last = &cp
+			newest[rec.Partition] = &cp
 		})
+	}
+	// One partition holds a slot's records unless partitions were added to the topic: then the key's
+	// records moved to another one, and the newest is the one written last.
+	var last *checkpoint.Record
+	for _, cp := range newest {
+		if last == nil || cp.Written.After(last.Written) {
+			last = cp
+		}
+	}
+	if len(newest) > 1 {
+		log.Warn("this slot's checkpoints are in more than one partition of the checkpoint topic (partitions were added to it): using the one written last",
+			"topic", topic, "partitions", len(newest), "checkpoint_lsn", last.LSN.String())
 	}
 	return last, nil
 }
@@ -151,6 +207,7 @@ func (r *Router) begin() error {
 	}
 	r.inTxn = true
 	r.txnRecords = 0
+	r.txnBegan.Store(time.Now().UnixNano())
 	return nil
 }
 
@@ -245,12 +302,19 @@ func (r *Router) abort() {
 	r.txnRecords = 0
 }
 
-// wrapTxnErr names fencing as such.
+// wrapTxnErr names what Kafka reports as fencing truthfully: a transaction that stayed open longer
+// than its timeout was aborted by the coordinator; otherwise another instance took over.
 func (r *Router) wrapTxnErr(what string, err error) error {
-	if fenced(err) {
-		return fmt.Errorf("%s: %w (transactional id %s): %w", what, ErrFenced, r.opts.Transactions.Slot.TransactionalID(), err)
+	if !fenced(err) {
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return fmt.Errorf("%s: %w", what, err)
+	if began := r.txnBegan.Load(); began != 0 {
+		if open := time.Since(time.Unix(0, began)); open >= r.opts.Transactions.Timeout {
+			return fmt.Errorf("%s: %w (open %s, kafka.transaction_timeout %s; raise it, and the brokers' transaction.max.timeout.ms, above the time the largest PostgreSQL transaction takes to deliver): %w",
+				what, ErrTxnTimedOut, open.Round(time.Millisecond), r.opts.Transactions.Timeout, err)
+		}
+	}
+	return fmt.Errorf("%s: %w (transactional id %s): %w", what, ErrFenced, r.opts.Transactions.Slot.TransactionalID(), err)
 }
 
 // prepareCheckpointTopic creates the checkpoint topic (one partition, compacted) when it is missing,
@@ -269,17 +333,39 @@ func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 	default:
 		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, err)
 	}
+	details, err := r.admin.ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("look up checkpoint topic %s: %w", topic, err)
+	}
+	if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 1 {
+		r.log.Warn("the checkpoint topic has more than one partition: a slot's checkpoints move to another partition when partitions are added, and the router then takes the one written last (create it with one partition)",
+			"topic", topic, "partitions", len(d.Partitions))
+	}
 	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("read the configuration of checkpoint topic %s: %w", topic, err)
 	}
-	if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
-		for _, c := range rc.Configs {
-			if c.Key == "cleanup.policy" && c.Value != nil && *c.Value != compact {
-				r.log.Warn("the checkpoint topic is not compacted: it grows by one record per Kafka transaction (set cleanup.policy=compact)",
-					"topic", topic, "cleanup_policy", *c.Value)
-			}
+	rc, err := configs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return fmt.Errorf("read the configuration of checkpoint topic %s: %w", topic, errors.Join(err, rc.Err))
+	}
+	policy, retention := "delete", "" // Kafka's defaults
+	for _, c := range rc.Configs {
+		switch {
+		case c.Key == "cleanup.policy" && c.Value != nil:
+			policy = *c.Value
+		case c.Key == "retention.ms" && c.Value != nil:
+			retention = *c.Value
 		}
+	}
+	policies := strings.Split(strings.ReplaceAll(policy, " ", ""), ",")
+	if !slices.Contains(policies, compact) {
+		r.log.Warn("the checkpoint topic is not compacted: it grows by one record per Kafka transaction (set cleanup.policy=compact)",
+			"topic", topic, "cleanup_policy", policy)
+	}
+	if slices.Contains(policies, "delete") && retention != "-1" {
+		r.log.Warn("the checkpoint topic deletes records after retention.ms: a slot idle that long loses its checkpoint, and the router then refuses to start until resync (set cleanup.policy=compact alone, or retention.ms=-1)",
+			"topic", topic, "cleanup_policy", policy, "retention_ms", retention)
 	}
 	return nil
 }
