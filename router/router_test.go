@@ -804,7 +804,7 @@ func TestCheckpointReadIgnoresForgeriesAndFindsTheNewest(t *testing.T) {
 	if last := read(); last == nil || last.LSN != 0x5000 {
 		t.Fatalf("read %+v, want the transactional checkpoint at 0/5000, not the forgery", last)
 	}
-	write(1, true, 0x6000, written.Add(time.Minute)) // the key moved to another partition
+	write(1, true, 0x6000, written.Add(time.Minute))  // the key moved to another partition
 	write(0, true, 0x5800, written.Add(-time.Minute)) // older, though later in its partition's log
 	if last := read(); last == nil || last.LSN != 0x6000 {
 		t.Fatalf("read %+v, want the checkpoint written last (0/6000), in the other partition", last)
