@@ -225,7 +225,8 @@ func Start(slot LSN, server Server, last *Record, acceptGap bool) (Resume, error
 	}
 	if slot > r.SkipBelow && !acceptGap {
 		return Resume{}, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+
-			"The slot was dropped and created anew (also by a failover to a server that lacked it), advanced by hand, or used by another tool. Recover rows still in the outbox with `outbox-cdc resync`, "+
+			"The slot was dropped and created anew (also by a failover to a server that lacked it), advanced by hand, used by another tool, "+
+			"or streamed in at-least-once mode since (kafka.delivery switched back and forth: what it delivered then was delivered at least once). Recover rows still in the outbox with `outbox-cdc resync`, "+
 			"or start with --accept-gap to stream from the slot's position and accept the gap",
 			ErrGap, slot, r.SkipBelow, last.Written.UTC().Format(time.RFC3339), bytesString(uint64(slot-r.SkipBelow)))
 	}

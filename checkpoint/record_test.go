@@ -245,6 +245,22 @@ func TestStartAfterAFailover(t *testing.T) {
 	}
 }
 
+// branchAt is the history of a server promoted with old[:cut]: the new timeline continues at the
+// fork (where old[:cut] ends) with transactions of its own, at positions old also used.
+func branchAt(rng *rand.Rand, old []modelTx, cut int) (history []modelTx, fork LSN) {
+	fork = LSN(0x1000)
+	if cut > 0 {
+		fork = old[cut-1].end
+	}
+	fresh := modelLog(rng, 1+rng.IntN(40))
+	shift := fork - fresh[0].commit + LSN(rng.IntN(2))
+	for i := range fresh {
+		fresh[i].commit += shift
+		fresh[i].end += shift
+	}
+	return append(append([]modelTx{}, old[:cut]...), fresh...), fork
+}
+
 // TestFailoverModel: random logs fork at a random position (the standby received the old primary's
 // WAL up to there), new transactions follow on the new timeline at positions the old one also used,
 // and the relay resumes from a checkpoint written anywhere on the old timeline with the slot anywhere
@@ -255,17 +271,7 @@ func TestFailoverModel(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, seed*7919))
 		old := modelLog(rng, 2+rng.IntN(40))
 		cut := rng.IntN(len(old) + 1) // the standby has old[:cut]
-		fork := LSN(0x1000)
-		if cut > 0 {
-			fork = old[cut-1].end
-		}
-		// The new timeline continues at the fork with its own transactions.
-		fresh := modelLog(rng, 1+rng.IntN(40))
-		shift := fork - fresh[0].commit + LSN(rng.IntN(2))
-		for i := range fresh {
-			fresh[i].commit += shift
-			fresh[i].end += shift
-		}
+		newHistory, fork := branchAt(rng, old, cut)
 		// The checkpoint: the end of any old transaction (the relay streamed it before the failover).
 		cpAt := old[rng.IntN(len(old))].end
 		// The slot on the new server: synchronized at most up to the fork, at most the checkpoint.
@@ -279,7 +285,6 @@ func TestFailoverModel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
-		newHistory := append(append([]modelTx{}, old[:cut]...), fresh...)
 		for i, tx := range newHistory {
 			if tx.commit < slot {
 				continue // PostgreSQL does not send it
@@ -305,27 +310,14 @@ func TestSiblingTimelineModel(t *testing.T) {
 	for seed := uint64(1); seed <= 2000; seed++ {
 		rng := rand.New(rand.NewPCG(seed, seed*6151))
 		old := modelLog(rng, 2+rng.IntN(40))
-		branch := func(cut int) ([]modelTx, LSN) {
-			fork := LSN(0x1000)
-			if cut > 0 {
-				fork = old[cut-1].end
-			}
-			fresh := modelLog(rng, 1+rng.IntN(40))
-			shift := fork - fresh[0].commit + LSN(rng.IntN(2))
-			for i := range fresh {
-				fresh[i].commit += shift
-				fresh[i].end += shift
-			}
-			return append(append([]modelTx{}, old[:cut]...), fresh...), fork
-		}
 		cutA, cutB := rng.IntN(len(old)+1), rng.IntN(len(old)+1)
 		if cutA == cutB {
 			// Promoted at the same position, the two are the same timeline to every record
 			// PostgreSQL keeps: the one case this cannot tell apart (the README says so).
 			continue
 		}
-		historyA, forkA := branch(cutA)
-		historyB, forkB := branch(cutB)
+		historyA, forkA := branchAt(rng, old, cutA)
+		historyB, forkB := branchAt(rng, old, cutB)
 		cpAt := historyA[rng.IntN(len(historyA))].end
 		last := &Record{LSN: cpAt, Timeline: 2, TimelineStart: forkA}
 		// B's slot was synchronized from the old primary: at most what was confirmed there.

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -408,6 +409,11 @@ func (c *Config) Validate() error {
 		if c.Postgres.Columns.EventType == "" {
 			bad("postgres.columns.event_type", "must be set when kafka.header_format is cloudevents (ce_type is required)")
 		}
+		if src := c.Kafka.CloudEventsSource; src != "" {
+			if u, err := url.Parse(src); err != nil || strings.ContainsFunc(src, func(r rune) bool { return r <= ' ' || r == 0x7f || r > 0x7e }) || u.String() == "" {
+				bad("kafka.cloudevents_source", "must be a URI-reference (RFC 3986: no spaces or control characters, non-ASCII percent-encoded), got %q", src)
+			}
+		}
 	default:
 		bad("kafka.header_format", "must be %s or %s, got %q", HeaderFormatOutbox, HeaderFormatCloudEvents, c.Kafka.HeaderFormat)
 	}
@@ -552,21 +558,29 @@ func (c *Config) EventSource() string {
 	if c.Kafka.CloudEventsSource != "" {
 		return c.Kafka.CloudEventsSource
 	}
+	// A URI-reference: each part percent-encoded (a database may be named "my db").
 	if pc, err := pgconn.ParseConfig(c.Postgres.URL); err == nil && pc.Database != "" {
-		return "/" + pc.Database + "/" + c.Postgres.Table
+		return "/" + url.PathEscape(pc.Database) + "/" + url.PathEscape(c.Postgres.Table)
 	}
-	return "/" + c.Postgres.Table
+	return "/" + url.PathEscape(c.Postgres.Table)
 }
 
 // PostgresTarget describes the database for logs: user@host:port/database, never the password.
 func (c *Config) PostgresTarget() string { return Target(c.Postgres.URL, "postgres.url") }
 
 // Target describes the database of a PostgreSQL URL for logs: user@host:port/database, never the
-// password; key names the URL's configuration key when it cannot be parsed.
+// password; with several hosts (a multi-host URL), every one, since which answers is decided at each
+// connection. key names the URL's configuration key when it cannot be parsed.
 func Target(url, key string) string {
 	pc, err := pgconn.ParseConfig(url)
 	if err != nil {
 		return "(unparsable " + key + ")"
 	}
-	return fmt.Sprintf("%s@%s:%d/%s", pc.User, pc.Host, pc.Port, pc.Database)
+	hosts := []string{fmt.Sprintf("%s:%d", pc.Host, pc.Port)}
+	for _, fb := range pc.Fallbacks {
+		if h := fmt.Sprintf("%s:%d", fb.Host, fb.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return fmt.Sprintf("%s@%s/%s", pc.User, strings.Join(hosts, ","), pc.Database)
 }

@@ -228,6 +228,26 @@ func TestEventSource(t *testing.T) {
 	if got := c.EventSource(); got != "urn:orders" {
 		t.Errorf("configured source %q", got)
 	}
+	// The default is a URI-reference whatever the names hold.
+	c.Kafka.CloudEventsSource = ""
+	c.Postgres.URL = "postgres://u:secret@h:5432/my%20db%3Fx?sslmode=disable"
+	if got := c.EventSource(); got != "/my%20db%3Fx/public.outbox" {
+		t.Errorf("default source %q, want the database name percent-encoded", got)
+	}
+	// A configured one that is not a URI-reference is refused, naming the key.
+	c.Postgres.URL, c.Kafka.Brokers, c.Kafka.HeaderFormat = "postgres://u:secret@h:5432/orders", []string{"h:9092"}, HeaderFormatCloudEvents
+	for _, bad := range []string{"my source", "/orders\n", "/ördërs", "%zz"} {
+		c.Kafka.CloudEventsSource = bad
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "kafka.cloudevents_source:") {
+			t.Errorf("source %q: %v, want an error naming kafka.cloudevents_source", bad, err)
+		}
+	}
+	for _, good := range []string{"urn:orders", "/orders/public.outbox", "https://example.com/orders", "/my%20db"} {
+		c.Kafka.CloudEventsSource = good
+		if err := c.Validate(); err != nil {
+			t.Errorf("source %q refused: %v", good, err)
+		}
+	}
 }
 
 // TestExampleConfigLoads keeps testdata/outbox-cdc.yaml (the README's reference) loadable.
@@ -276,5 +296,19 @@ func TestKafkaSecurityValidation(t *testing.T) {
 	c.Kafka.SASL = KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "p"}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTargetNamesEveryHost: a multi-host URL's target names every host (which one answers is decided
+// at each connection), once each, and never the password.
+func TestTargetNamesEveryHost(t *testing.T) {
+	for url, want := range map[string]string{
+		"postgres://u:secret@h1:5432/db":                                         "u@h1:5432/db",
+		"postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write": "u@h1:5432,h2:5433/db",
+		"postgres://u:secret@h1,h2/db?sslmode=prefer":                            "u@h1:5432,h2:5432/db",
+	} {
+		if got := Target(url, "postgres.url"); got != want {
+			t.Errorf("Target(%q) = %q, want %q", url, got, want)
+		}
 	}
 }

@@ -202,6 +202,11 @@ func TestExactlyOnceGapCLI(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "ahead of the last checkpoint") || !strings.Contains(out, "checkpoint") {
 		t.Fatalf("status with the slot ahead of the checkpoint: exit %d\n%s", code, out)
 	}
+	// init says what run would: not "ok".
+	out, code = runCLI(t, env, time.Minute, "init")
+	if code == 0 || !strings.Contains(out, "FIX") || !strings.Contains(out, "ahead of the last checkpoint") {
+		t.Fatalf("init with the slot ahead of the checkpoint: exit %d, want a failure naming the gap\n%s", code, out)
+	}
 	out, code = runCLI(t, env, time.Minute, "run")
 	if code != 1 || !strings.Contains(out, "ahead of the last checkpoint") || !strings.Contains(out, "--accept-gap") {
 		t.Fatalf("run with the slot ahead of the checkpoint: exit %d, want 1 naming the gap\n%s", code, out)
@@ -228,5 +233,8 @@ func TestExactlyOnceGapCLI(t *testing.T) {
 	}
 	if out, code := runCLI(t, env, time.Minute, "status"); strings.Contains(out, "ahead of the last checkpoint") {
 		t.Fatalf("status after resync still reports a gap (exit %d)\n%s", code, out)
+	}
+	if out, code := runCLI(t, env, time.Minute, "init"); code != 0 || !strings.Contains(out, "checkpoint topic") {
+		t.Fatalf("init after resync: exit %d, want 0 with the checkpoint topic checked\n%s", code, out)
 	}
 }

@@ -169,6 +169,8 @@ type Inbox struct {
 	applied, duplicates     atomic.Int64
 	stale, deadLettered     atomic.Int64
 	failures, pruned        atomic.Int64
+	// unreachableFor is how long the database may fail an event's statements before Run stops.
+	unreachableFor time.Duration
 }
 
 // New checks the options, creates the consumer and registers the metrics. Close releases it.
@@ -221,10 +223,11 @@ func New(o Options) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox: Table %q is not [schema.]table", o.Table)
 	}
 	in := &Inbox{
-		o:        o,
-		claims:   pgx.Identifier{schema, name}.Sanitize(),
-		versions: pgx.Identifier{schema, name + "_versions"}.Sanitize(),
-		index:    pgx.Identifier{name + "_handled_at"}.Sanitize(),
+		o:              o,
+		unreachableFor: 30 * time.Second,
+		claims:         pgx.Identifier{schema, name}.Sanitize(),
+		versions:       pgx.Identifier{schema, name + "_versions"}.Sanitize(),
+		index:          pgx.Identifier{name + "_handled_at"}.Sanitize(),
 	}
 	in.claimSQL = claimStatement(in.claims, in.versions)
 	m, err := newMetrics(o.Consumer, o.Registerer)
@@ -357,6 +360,12 @@ func (in *Inbox) handleFetches(ctx context.Context, fetches kgo.Fetches) error {
 // handle applies one record, retrying as configured; it returns an error only when the event could
 // be neither applied nor dead-lettered.
 func (in *Inbox) handle(ctx context.Context, r *kgo.Record) error {
+	return in.handleAfter(ctx, r, nil)
+}
+
+// handleAfter is handle for a record whose handler already failed once (first, from a batch): that
+// counts as its first attempt, so that a permanent failure is not run again, nor counted twice.
+func (in *Inbox) handleAfter(ctx context.Context, r *kgo.Record, first *handlerFailure) error {
 	ev := eventOf(r)
 	if ev.ID == "" {
 		return in.deadLetter(ctx, ev, "the record has no event id (header event_id or ce_id): it cannot be claimed", 0)
@@ -365,7 +374,13 @@ func (in *Inbox) handle(ctx context.Context, r *kgo.Record) error {
 	attempts, unreachable := 0, time.Time{}
 	for {
 		start := time.Now()
-		outcome, err := in.attempt(ctx, ev)
+		var outcome string
+		var err error
+		if first != nil {
+			err, first = first, nil
+		} else {
+			outcome, err = in.attempt(ctx, ev)
+		}
 		if err == nil {
 			if outcome == OutcomeStale && in.o.Stale == DeadLetterStale {
 				return in.deadLetter(ctx, ev, fmt.Sprintf("stale: aggregate_version %d is not above the last applied on topic %s", ev.AggregateVersion, r.Topic), attempts)
@@ -379,15 +394,17 @@ func (in *Inbox) handle(ctx context.Context, r *kgo.Record) error {
 		var hf *handlerFailure
 		if !errors.As(err, &hf) {
 			// The database, not the event: wait for it, without counting attempts, as long as a
-			// rebalance can be held; then stop and let a restart try again.
+			// rebalance can be held (counted from when it stopped answering, not from the first time
+			// ever); then stop and let a restart try again.
 			if unreachable.IsZero() {
 				unreachable = time.Now()
 			}
-			if time.Since(unreachable) > 30*time.Second {
+			if time.Since(unreachable) > in.unreachableFor {
 				return fmt.Errorf("inbox: event %s (%s/%d@%d): %w", ev.ID, r.Topic, r.Partition, r.Offset, err)
 			}
 			in.o.Logger.Warn("inbox: database error; retrying", "event_id", ev.ID, "error", err.Error())
 		} else {
+			unreachable = time.Time{} // the database answered
 			attempts++
 			in.failures.Add(1)
 			in.m.failures.Inc()
@@ -428,6 +445,11 @@ func (in *Inbox) attempt(ctx context.Context, ev Event) (string, error) {
 	outcome, err := in.apply(ctx, tx, ev)
 	if err != nil || outcome == OutcomeDuplicate {
 		return outcome, err // a duplicate changed nothing: rolled back
+	}
+	if outcome == OutcomeStale && in.o.Stale == DeadLetterStale {
+		// Rolled back: the claim is recorded only once the dead letter is written (deadLetter), so
+		// that a failed write leaves the event to be handled again.
+		return outcome, nil
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
@@ -518,10 +540,17 @@ func (in *Inbox) handleBatch(ctx context.Context, recs []*kgo.Record) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		for _, r := range recs[:failedAt+1] {
+		for _, r := range recs[:failedAt] {
 			if err := in.handle(ctx, r); err != nil {
 				return err
 			}
+		}
+		var hf *handlerFailure
+		if !errors.As(err, &hf) {
+			hf = nil
+		}
+		if err := in.handleAfter(ctx, recs[failedAt], hf); err != nil {
+			return err
 		}
 		recs = recs[failedAt+1:]
 	}
@@ -553,30 +582,25 @@ func (in *Inbox) tryBatch(ctx context.Context, recs []*kgo.Record) (failedAt int
 	}
 	for i := range evs {
 		if outcomes[i], err = in.applyClaimed(ctx, tx, evs[i], claims[i]); err != nil {
-			var hf *handlerFailure
-			if errors.As(err, &hf) {
-				in.failures.Add(1)
-				in.m.failures.Inc()
-			}
-			return i, err
+			return i, err // a handler failure is counted once, when handleBatch goes on from it
+		}
+		if outcomes[i] == OutcomeStale && in.o.Stale == DeadLetterStale {
+			// Its dead letter is written before its claim is recorded: handled on its own.
+			return i, errDeadLetterStale
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return len(recs) - 1, fmt.Errorf("commit: %w", err)
 	}
 	took := time.Since(start) / time.Duration(len(recs))
-	for i, outcome := range outcomes {
-		if outcome == OutcomeStale && in.o.Stale == DeadLetterStale {
-			r := recs[i]
-			if err := in.deadLetter(ctx, evs[i], fmt.Sprintf("stale: aggregate_version %d is not above the last applied on topic %s", evs[i].AggregateVersion, r.Topic), 0); err != nil {
-				return i, err
-			}
-			continue
-		}
+	for _, outcome := range outcomes {
 		in.count(outcome, took)
 	}
 	return 0, nil
 }
+
+// errDeadLetterStale ends a batch at a stale event that is to be dead-lettered.
+var errDeadLetterStale = errors.New("a stale event to dead-letter")
 
 // claimAll runs the claims of evs in tx as one pipelined batch. On failure it returns the index of the
 // claim that failed.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,9 +265,10 @@ func TestStaleVersionsToTheDeadLetterTopic(t *testing.T) {
 // event is applied once; an event whose handler always fails is dead-lettered after MaxAttempts
 // with the reason, the attempts and where it was read, and the events behind it on its partition go on.
 func TestFlakyHandler(t *testing.T) {
-	// Alone, the poison pill fails MaxAttempts times; in a batch once more, before it is handled alone.
+	// The poison pill fails MaxAttempts times, alone or in a batch (its failure in the batch is its
+	// first attempt: it is neither run nor counted once more).
 	t.Run("one transaction per event", func(t *testing.T) { testFlakyHandler(t, 1, 154) })
-	t.Run("batches", func(t *testing.T) { testFlakyHandler(t, 0, 155) })
+	t.Run("batches", func(t *testing.T) { testFlakyHandler(t, 0, 154) })
 }
 
 func testFlakyHandler(t *testing.T, batch int, wantFailures int64) {
@@ -318,6 +320,11 @@ func testFlakyHandler(t *testing.T, batch int, wantFailures int64) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
+	mu.Lock()
+	if tries["poison"] != o.MaxAttempts {
+		t.Errorf("the poison pill's handler ran %d times, want MaxAttempts (%d)", tries["poison"], o.MaxAttempts)
+	}
+	mu.Unlock()
 	d := dead[0]
 	if testenv.Header(d, "event_id") != "poison" || testenv.Header(d, HeaderDLQAttempts) != "4" || testenv.Header(d, HeaderDLQTopic) != f.topic ||
 		!strings.Contains(testenv.Header(d, HeaderDLQReason), "cannot parse the payload") || testenv.Header(d, HeaderDLQConsumer) != o.Consumer {
@@ -474,5 +481,109 @@ func TestNewChecksOptions(t *testing.T) {
 	defer in.Close()
 	if in.claims != `"public"."inbox"` || in.versions != `"public"."inbox_versions"` {
 		t.Errorf("default tables %s, %s", in.claims, in.versions)
+	}
+}
+
+// TestFailedDeadLetterWriteIsTriedAgain: with DeadLetterStale, a stale event whose dead-letter write
+// fails (the topic is missing) is not recorded as handled: Run stops naming the write, nothing behind
+// it is committed, and once the topic exists a new instance dead-letters it — alone and in batches.
+func TestFailedDeadLetterWriteIsTriedAgain(t *testing.T) {
+	for _, batch := range []int{1, 0} {
+		t.Run(fmt.Sprintf("batch size %d", batch), func(t *testing.T) {
+			f := newFixture(t)
+			o := f.options(f.record)
+			o.Stale, o.BatchSize, o.DeadLetterTopic = DeadLetterStale, batch, f.dlq+".missing"
+			in, err := New(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := in.Setup(context.Background()); err != nil {
+				in.Close()
+				t.Fatal(err)
+			}
+			f.produce(t, event{id: "v2", agg: "a", version: 2}, event{id: "v1", agg: "a", version: 1}, event{id: "v3", agg: "a", version: 3})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err = in.Run(ctx)
+			in.Close()
+			if err == nil || !strings.Contains(err.Error(), "dead-letter topic") || !strings.Contains(err.Error(), "v1") {
+				t.Fatalf("Run with a dead-letter write that fails: %v", err)
+			}
+			if got := f.applications(t); got["v3"] != 0 {
+				t.Errorf("an event behind the one that could not be dead-lettered was applied: %v", got)
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, nil, o.DeadLetterTopic); err != nil {
+				t.Fatal(err)
+			}
+			in2, _ := start(t, o)
+			waitFor(t, "the rest handled", func() bool { s := in2.Stats(); return s.DeadLettered >= 1 && s.Applied >= 1 })
+			dead := testenv.Consume(t, f.brokers, []string{o.DeadLetterTopic}, 1, 30*time.Second)
+			if len(dead) != 1 || testenv.Header(dead[0], "event_id") != "v1" {
+				t.Fatalf("dead letters after the topic came: %d (%v), want v1", len(dead), dead)
+			}
+			if got := f.applications(t); got["v2"] != 1 || got["v3"] != 1 || got["v1"] != 0 {
+				t.Errorf("applications %v", got)
+			}
+		})
+	}
+}
+
+// flakyDB fails every other transaction it is asked to begin, as a database that comes and goes.
+type flakyDB struct {
+	DB
+	n atomic.Int64
+}
+
+func (d *flakyDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	if d.n.Add(1)%2 == 1 {
+		return nil, errors.New("connection refused")
+	}
+	return d.DB.Begin(ctx)
+}
+
+// TestDatabaseAnsweringAgainResetsTheWait: the database failing now and then, with answers in
+// between, is not a database that has been away since its first failure: an event that keeps
+// failing its handler meanwhile is retried, not given up on when the first failure grows old.
+func TestDatabaseAnsweringAgainResetsTheWait(t *testing.T) {
+	f := newFixture(t)
+	var tries atomic.Int64
+	slow := func(ctx context.Context, tx pgx.Tx, ev Event) error {
+		if tries.Add(1) < 12 {
+			time.Sleep(50 * time.Millisecond)
+			return errors.New("not yet")
+		}
+		return f.record(ctx, tx, ev)
+	}
+	o := f.options(slow)
+	o.DB, o.BatchSize, o.MaxAttempts = &flakyDB{DB: f.pool}, 1, 100
+	in, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.unreachableFor = 300 * time.Millisecond // well under the 12 attempts' time
+	if err := in.Setup(context.Background()); err != nil {
+		in.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() { done <- in.Run(ctx); close(stopped) }()
+	defer func() { cancel(); <-stopped; in.Close() }()
+	f.produce(t, event{id: "e1", agg: "a"})
+	deadline := time.After(time.Minute)
+	for in.Stats().Applied < 1 {
+		select {
+		case err := <-done:
+			t.Fatalf("Run gave up though the database answered between its failures: %v", err)
+		case <-deadline:
+			t.Fatal("the event was not applied")
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	outboxsql "github.com/outbox-cdc/outbox-cdc/sql"
@@ -72,6 +74,10 @@ type InitOptions struct {
 // CreateTable), the publication, the slot, and the topics the routing configuration names in
 // advance. It reports each step on w.
 func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) error {
+	// What run refuses in the configuration alone (the routing rules), init refuses too.
+	if _, err := pipeline.New(cfg, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
 	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
@@ -135,6 +141,15 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 			fmt.Fprintf(w, "  %s;\n", strings.TrimSpace(s.sql))
 		}
 		fmt.Fprintf(w, "Kafka topics it would create if missing (%d partitions): %s\n", cfg.Kafka.TopicPartitions, orNone(topics))
+		if cfg.Kafka.ExactlyOnce() {
+			fmt.Fprintf(w, "exactly-once checkpoint topic it would create if missing (compacted, 1 partition): %s\n", cfg.Kafka.CheckpointTopic)
+		}
+		if len(steps) == 0 {
+			// Everything exists: what run would say of it.
+			if err := preflight(ctx, w, cfg, false); err != nil {
+				return err
+			}
+		}
 		return reportFailover(ctx, w, cat, cfg)
 	}
 	for _, s := range steps {
@@ -149,7 +164,32 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 	if err := reportFailover(ctx, w, cat, cfg); err != nil {
 		return err
 	}
-	return createTopics(ctx, w, cfg, topics)
+	if err := createTopics(ctx, w, cfg, topics); err != nil {
+		return err
+	}
+	return preflight(ctx, w, cfg, true)
+}
+
+// ErrRunWouldRefuse is returned by Init when run would refuse to start with what exists (the output
+// says why and what to do).
+var ErrRunWouldRefuse = errors.New("run would refuse to start (see above)")
+
+// preflight reports what run would say of the table, publication and slot init leaves: its warnings,
+// or the error it would stop with (then init fails too).
+func preflight(ctx context.Context, w io.Writer, cfg config.Config, createCheckpointTopic bool) error {
+	warnings, err := pipeline.Preflight(ctx, cfg, slog.New(slog.DiscardHandler), createCheckpointTopic)
+	for _, warning := range warnings {
+		fmt.Fprintf(w, "warn %s\n", warning)
+	}
+	if err != nil {
+		fmt.Fprintf(w, "FIX  %v\n", err)
+		return ErrRunWouldRefuse
+	}
+	if cfg.Kafka.ExactlyOnce() && createCheckpointTopic {
+		fmt.Fprintf(w, "ok   checkpoint topic %s, and the slot's checkpoint agrees with the slot\n", cfg.Kafka.CheckpointTopic)
+	}
+	fmt.Fprintln(w, "ok   run's own checks pass: it can start")
+	return nil
 }
 
 func createTopics(ctx context.Context, w io.Writer, cfg config.Config, topics []string) error {

@@ -136,3 +136,60 @@ func TestMissingCheckpointIsRefused(t *testing.T) {
 		t.Fatal("the router went on without its checkpoint")
 	}
 }
+
+// TestFencedCommitIsRefused: a router whose transactional id another instance has fenced while its
+// Kafka transaction was open (records produced and acknowledged, not committed) must have its commit
+// refused — named as fencing, not as a timeout — and replay the transaction in a new session, so that
+// read_committed consumers see every event once.
+func TestFencedCommitIsRefused(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := eosConfig(f)
+	cfg.Kafka.TransactionInterval = 10 * time.Second
+	cfg.Kafka.QuietFlush = 0 // the interval alone ends the transaction
+	var logs syncBuffer
+	run := startPipelineLogged(t, cfg, testLoggerTo(t, &logs))
+	ctx := context.Background()
+	gen := testenv.NewGenerator(4, "Fenced")
+	topics := testenv.TopicsOf(f, "Fenced")
+	evs := []testenv.Event{gen.Event(0), gen.Event(1), gen.Event(2)}
+	start := time.Now()
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, evs, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ConsumeDistinct(t, f.Brokers, topics, len(evs), 30*time.Second, kgo.FetchIsolationLevel(kgo.ReadUncommitted())) // produced, not committed
+	if time.Since(start) > 8*time.Second {
+		t.Fatal("the records took too long to arrive: the transaction may have committed already, the test proves nothing")
+	}
+	// Another instance of the slot fences it: it initializes the slot's transactional id.
+	other, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.identify(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := other.newRouter(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt.Close()
+	testenv.WaitFor(t, time.Minute, "the fenced commit refused", func() bool { return strings.Contains(logs.String(), "commit kafka transaction: fenced") })
+	if strings.Contains(logs.String(), "stayed open longer than kafka.transaction_timeout") {
+		t.Errorf("a takeover was reported as a transaction timeout:\n%s", logs.String())
+	}
+	later := []testenv.Event{gen.Event(3)}
+	if err := testenv.InsertTx(ctx, f.DB, f.Table, later, false); err != nil {
+		t.Fatal(err)
+	}
+	all := append(evs, later...)
+	got := testenv.ConsumeDistinct(t, f.Brokers, topics, len(all), time.Minute, readCommitted)
+	if dups := testenv.VerifyDelivery(t, f, all, got); dups != 0 {
+		t.Errorf("a read_committed consumer saw %d duplicates, want 0", dups)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,7 +43,7 @@ func openCatalog(ctx context.Context, url, application string) (*Catalog, error)
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return &Catalog{conn: conn}, nil
 }

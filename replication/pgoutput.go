@@ -92,5 +92,9 @@ func parseMessage(msg []byte) (m pglogrepl.Message, err error) {
 			m, err = nil, fmt.Errorf("%w: %q message of %d bytes: %v", errMalformed, msg[0], len(msg), r)
 		}
 	}()
-	return pglogrepl.ParseV2(msg, false)
+	m, err = pglogrepl.ParseV2(msg, false)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errMalformed, err)
+	}
+	return m, nil
 }

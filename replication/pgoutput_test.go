@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // referenceInsert parses msg with pglogrepl, as the stream did before parseInsert: ok is false when
@@ -162,11 +163,24 @@ func TestMalformedMessagesAreErrorsNotPanics(t *testing.T) {
 		{'U', 0, 0}, {'D'}, {'I', 0, 0, 0, 1, 'N', 0, 1, 't', 0, 0, 0, 9, 'x'},
 	} {
 		st := newTestStream()
-		st.rels[1] = &relation{namespace: "public", name: "outbox", outbox: true, columns: []*pglogrepl.RelationMessageColumn{{Name: "a"}}}
-		st.current = st.tracker.Begin(time.Time{}, 1)
+		if len(msg) > 0 && msg[0] == 'I' {
+			// An insert is parsed only for a known outbox relation inside a transaction: set up just
+			// that, so that nothing but the malformed message can fail it.
+			feedOK(t, st, relationMsg(1, "public", "outbox", col{"a", pgtype.TextOID}), beginMsg(1))
+		}
 		err := st.handleWAL(t.Context(), &recordingHandler{}, pglogrepl.XLogData{WALData: msg})
-		if err == nil {
-			t.Errorf("handleWAL(%q): accepted", msg)
+		if !errors.Is(err, errMalformed) || !errors.Is(err, ErrUnreadable) {
+			t.Errorf("handleWAL(%q): %v, want a malformed-message error (ErrUnreadable)", msg, err)
+		}
+	}
+}
+
+// feedOK hands well-formed messages to the stream.
+func feedOK(t *testing.T, st *Stream, msgs ...[]byte) {
+	t.Helper()
+	for _, m := range msgs {
+		if err := st.handleWAL(t.Context(), &recordingHandler{}, pglogrepl.XLogData{WALData: m}); err != nil {
+			t.Fatalf("well-formed message %q: %v", m[:1], err)
 		}
 	}
 }

@@ -132,10 +132,9 @@ func decodeTuple(types *pgtype.Map, rel *relation, tuple []tupleColumn, lsn LSN)
 					out.Value = v
 				}
 			}
-		case pglogrepl.TupleDataTypeBinary:
-			out.Value = col.data
 		default:
-			return Row{}, fmt.Errorf("%w: column %s: unknown tuple data type %q", ErrUnreadable, rc.Name, col.kind)
+			// Binary tuples ('b') come only when START_REPLICATION asks for them, which it does not.
+			return Row{}, fmt.Errorf("%w: column %s: tuple data type %q, which this stream never asks for", ErrUnreadable, rc.Name, col.kind)
 		}
 		row.Columns[i] = out
 	}

@@ -26,7 +26,7 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres for replication: %w", err)
+		return nil, fmt.Errorf("connect to PostgreSQL for replication: %w", err)
 	}
 	return conn, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -82,6 +83,15 @@ func buildRecord(row Row, cols config.Columns, f Format) (*kgo.Record, error) {
 		}
 		add(ceAggregateType, cols.AggregateType)
 		add(ceAggregateVersion, cols.AggregateVersion)
+		if problem == nil {
+			for _, h := range rec.Headers {
+				if at, r := forbiddenInCloudEvents(h.Value); at >= 0 {
+					problem = &undeliverable{reason: fmt.Sprintf("CloudEvents attribute %s holds a character CloudEvents forbids (%U at byte %d): control characters, surrogates and noncharacters may not be used (kafka.header_format is cloudevents)",
+						strings.TrimPrefix(h.Key, "ce_"), r, at)}
+					break
+				}
+			}
+		}
 	} else {
 		add(outbox.HeaderEventID, cols.EventID)
 		add(outbox.HeaderEventType, cols.EventType)
@@ -128,6 +138,23 @@ func isCloudEventsHeader(k string) bool {
 	return strings.HasPrefix(strings.ToLower(k), "ce_") || strings.EqualFold(k, ceContentType) || isOutboxHeader(k)
 }
 
+// forbiddenInCloudEvents returns the byte offset and the rune of the first character a CloudEvents
+// String may not hold — a control character (U+0000-U+001F, U+007F-U+009F), invalid UTF-8 (a
+// surrogate among it), or a noncharacter — or -1.
+func forbiddenInCloudEvents(v []byte) (int, rune) {
+	for i, r := range string(v) {
+		switch {
+		case r == utf8.RuneError:
+			if _, size := utf8.DecodeRune(v[i:]); size <= 1 {
+				return i, r
+			}
+		case r <= 0x1f, r >= 0x7f && r <= 0x9f, r >= 0xfdd0 && r <= 0xfdef, r&0xfffe == 0xfffe:
+			return i, r
+		}
+	}
+	return -1, 0
+}
+
 // contentType is the media type of a payload column by its PostgreSQL type: application/json for
 // json and jsonb, text/plain for text types, application/octet-stream for bytea; "" when unknown.
 func contentType(row Row, column string) string {
@@ -146,6 +173,8 @@ func contentType(row Row, column string) string {
 		return "text/plain; charset=utf-8"
 	case 17: // bytea
 		return "application/octet-stream"
+	case 142: // xml
+		return "application/xml"
 	}
 	return ""
 }

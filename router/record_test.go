@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,7 +101,11 @@ func TestDeadLetterRecordAlwaysFits(t *testing.T) {
 	}{
 		{"fits as is", []byte("k"), []byte("v"), nil, nil, []string{outbox.HeaderDLQTruncated, outbox.HeaderDLQKeyTruncated, outbox.HeaderDLQHeadersDropped}},
 		{"large value", []byte("k"), big(50000), nil, []string{outbox.HeaderDLQTruncated, outbox.HeaderDLQOriginalBytes}, []string{outbox.HeaderDLQKeyTruncated}},
-		{"large headers", []byte("k"), []byte("v"), []kgo.RecordHeader{{Key: "trace", Value: big(40000)}}, []string{outbox.HeaderDLQHeadersDropped, outbox.HeaderDLQOriginalHeaderSize}, []string{outbox.HeaderDLQKeyTruncated}},
+		{"large headers", []byte("k"), big(1000), []kgo.RecordHeader{{Key: "trace", Value: big(40000)}}, []string{outbox.HeaderDLQHeadersDropped, outbox.HeaderDLQOriginalHeaderSize},
+			[]string{outbox.HeaderDLQKeyTruncated, outbox.HeaderDLQTruncated}},
+		{"large value, the event's attributes kept", []byte("k"), big(50000), []kgo.RecordHeader{{Key: "ce_id", Value: []byte("e1")}, {Key: "ce_type", Value: []byte("T")},
+			{Key: "ce_source", Value: []byte("/s")}, {Key: "event_id", Value: []byte("e1")}, {Key: "trace", Value: big(100)}},
+			[]string{outbox.HeaderDLQTruncated}, []string{outbox.HeaderDLQHeadersDropped}},
 		{"large key", big(40000), []byte("v"), nil, []string{outbox.HeaderDLQKeyTruncated, outbox.HeaderDLQOriginalKeyBytes}, nil},
 		{"everything large", big(30000), big(30000), []kgo.RecordHeader{{Key: "a", Value: big(30000)}, {Key: "b", Value: big(30000)}},
 			[]string{outbox.HeaderDLQTruncated, outbox.HeaderDLQHeadersDropped, outbox.HeaderDLQKeyTruncated}, nil},
@@ -128,6 +133,14 @@ func TestDeadLetterRecordAlwaysFits(t *testing.T) {
 				if header(rec, k) != "" {
 					t.Errorf("marker %s set though nothing was cut", k)
 				}
+			}
+			for _, h := range tt.headers {
+				if (isOutboxHeader(h.Key) || isCloudEventsHeader(h.Key)) && header(rec, h.Key) != string(h.Value) {
+					t.Errorf("the event's attribute %s was dropped from its dead letter", h.Key)
+				}
+			}
+			if header(rec, outbox.HeaderDLQTruncated) == "" && !bytes.Equal(rec.Value, tt.value) {
+				t.Errorf("the value changed though it was not marked cut")
 			}
 			if got := header(rec, outbox.HeaderDLQOriginalBytes); got != "" && got != strconv.Itoa(len(tt.value)) {
 				t.Errorf("original value bytes %s, want %d", got, len(tt.value))
@@ -217,7 +230,7 @@ func TestCloudEventsAttributes(t *testing.T) {
 			t.Errorf("created_at %q: ce_time %q, want %q", tt.in, got, tt.want)
 		}
 	}
-	for oid, want := range map[uint32]string{114: "application/json", 3802: "application/json", 25: "text/plain; charset=utf-8", 17: "application/octet-stream", 23: ""} {
+	for oid, want := range map[uint32]string{114: "application/json", 3802: "application/json", 25: "text/plain; charset=utf-8", 17: "application/octet-stream", 142: "application/xml", 23: ""} {
 		rec, err := buildRecord(typedMapRow{mapRow: base(), types: map[string]uint32{"payload": oid}}, defaultCols, f)
 		if err != nil {
 			t.Fatal(err)
@@ -231,5 +244,29 @@ func TestCloudEventsAttributes(t *testing.T) {
 	rec, _ := buildRecord(typedMapRow{mapRow: tomb, types: map[string]uint32{"payload": 3802}}, defaultCols, f)
 	if header(rec, "content-type") != "" {
 		t.Error("a tombstone (no data) has no content-type")
+	}
+}
+
+// TestCloudEventsForbiddenCharacters: an attribute value CloudEvents forbids (a control character, a
+// noncharacter, invalid UTF-8) makes the row undeliverable with the reason, whichever attribute holds it.
+func TestCloudEventsForbiddenCharacters(t *testing.T) {
+	f := Format{CloudEvents: true, Source: "/s"}
+	for _, tt := range []struct{ column, value string }{
+		{"event_type", "Order\nPaid"}, {"aggregate_id", "42\x00"}, {"event_id", "e\u0085"}, {"aggregate_type", "order\uFFFE"},
+		{"aggregate_version", "7\x7f"}, {"event_type", "bad\xff"},
+	} {
+		row := mapRow{"event_id": "e", "event_type": "A", "aggregate_id": "1", "payload": "x", "aggregate_type": "o", "aggregate_version": "1"}
+		row[tt.column] = tt.value
+		_, err := buildRecord(row, defaultCols, f)
+		var u *undeliverable
+		if !errors.As(err, &u) || !strings.Contains(u.reason, "CloudEvents forbids") {
+			t.Errorf("%s = %q: %v, want an undeliverable row", tt.column, tt.value, err)
+		}
+		if _, err := buildRecord(row, defaultCols, Format{}); err != nil {
+			t.Errorf("%s = %q in the outbox format: %v (any bytes go in outbox headers)", tt.column, tt.value, err)
+		}
+	}
+	if _, err := buildRecord(mapRow{"event_id": "e", "event_type": "Bestellung-geändert", "aggregate_id": "1", "payload": "x"}, defaultCols, f); err != nil {
+		t.Errorf("non-ASCII letters refused: %v", err)
 	}
 }

@@ -542,12 +542,14 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 }
 
 // dlqMarkerRoom is what the truncation marker headers may take.
-const dlqMarkerRoom = 6*(headerOverhead+40) + 64
+const dlqMarkerRoom = 8*(headerOverhead+40) + 64
 
 // fitDLQ makes the dead-letter record fit in limit bytes whatever the row held: it appends the
-// dead-letter headers own, then cuts the value, drops the row's headers, and cuts the key, in that
-// order and as far as needed, marking each cut with the original size. What is kept is copied, so
-// that the row's large buffers are not kept alive by a prefix.
+// dead-letter headers own, then cuts what is largest first — the value (truncated) or the row's own
+// headers (dropped) — then the key, marking each cut with the original size. The event's identity and
+// attributes (event_id, ce_id, ce_type, ce_source, ...) are kept: a consumer of the dead-letter topic
+// must be able to tell which event it was. What is kept is copied, so that the row's large buffers
+// are not kept alive by a prefix.
 func fitDLQ(dlq *kgo.Record, own []kgo.RecordHeader, limit int) {
 	dlq.Headers = append(dlq.Headers, own...)
 	if recordSize(dlq) <= limit {
@@ -556,27 +558,51 @@ func fitDLQ(dlq *kgo.Record, own []kgo.RecordHeader, limit int) {
 	budget := limit - dlqMarkerRoom
 	var marks []kgo.RecordHeader
 	mark := func(k, v string) { marks = append(marks, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
-	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Value) > 0 {
-		keep := max(len(dlq.Value)-over, 0)
-		mark(outbox.HeaderDLQTruncated, "true")
-		mark(outbox.HeaderDLQOriginalBytes, strconv.Itoa(len(dlq.Value)))
-		dlq.Value = bytes.Clone(dlq.Value[:keep])
-	}
-	if recordSize(dlq) > budget && len(dlq.Headers) > len(own) {
-		dropped := dlq.Headers[:len(dlq.Headers)-len(own)]
-		n := 0
-		for _, h := range dropped {
-			n += len(h.Key) + len(h.Value)
+	rowHeaders := dlq.Headers[:len(dlq.Headers)-len(own)]
+	var identity, extras []kgo.RecordHeader
+	extraBytes := 0
+	for _, h := range rowHeaders {
+		if isOutboxHeader(h.Key) || isCloudEventsHeader(h.Key) {
+			identity = append(identity, h)
+		} else {
+			extras = append(extras, h)
+			extraBytes += headerOverhead + len(h.Key) + len(h.Value)
 		}
-		mark(outbox.HeaderDLQHeadersDropped, strconv.Itoa(len(dropped)))
-		mark(outbox.HeaderDLQOriginalHeaderSize, strconv.Itoa(n))
-		dlq.Headers = slices.Clone(own)
+	}
+	cutValue := func() {
+		if over := recordSize(dlq) - budget; over > 0 && len(dlq.Value) > 0 {
+			keep := max(len(dlq.Value)-over, 0)
+			mark(outbox.HeaderDLQTruncated, "true")
+			mark(outbox.HeaderDLQOriginalBytes, strconv.Itoa(len(dlq.Value)))
+			dlq.Value = bytes.Clone(dlq.Value[:keep])
+		}
+	}
+	dropExtras := func() {
+		if recordSize(dlq) > budget && len(extras) > 0 {
+			mark(outbox.HeaderDLQHeadersDropped, strconv.Itoa(len(extras)))
+			mark(outbox.HeaderDLQOriginalHeaderSize, strconv.Itoa(extraBytes))
+			dlq.Headers = append(slices.Clone(identity), own...)
+			extras = nil
+		}
+	}
+	// The larger of the two goes first: a huge headers column must not cost an innocent value.
+	if extraBytes > len(dlq.Value) {
+		dropExtras()
+		cutValue()
+	} else {
+		cutValue()
+		dropExtras()
 	}
 	if over := recordSize(dlq) - budget; over > 0 && len(dlq.Key) > 0 {
 		keep := max(len(dlq.Key)-over, 0)
 		mark(outbox.HeaderDLQKeyTruncated, "true")
 		mark(outbox.HeaderDLQOriginalKeyBytes, strconv.Itoa(len(dlq.Key)))
 		dlq.Key = bytes.Clone(dlq.Key[:keep])
+	}
+	if recordSize(dlq) > budget && len(identity) > 0 {
+		// Only attributes of absurd size are left: the dead-letter headers say why.
+		mark(outbox.HeaderDLQHeadersDropped, strconv.Itoa(len(identity)+len(extras)))
+		dlq.Headers = slices.Clone(own)
 	}
 	dlq.Headers = append(dlq.Headers, marks...)
 }

@@ -46,8 +46,11 @@ func NewScrubber(secrets ...string) *Scrubber {
 }
 
 // String returns v with every secret, URL password and password=value hidden. A secret is hidden
-// wherever it stands on its own; inside a longer word (a password "outbox" in "outbox-cdc") it is
-// not the secret being printed, and the word is left as it is.
+// wherever it can be the secret: standing on its own. Where it is part of something longer it is a
+// word of the program's own, and left as it is, so that a password that is a common word ("postgres")
+// does not garble the messages: inside a longer word ("outbox" in "outbox-cdc"), in a dotted name
+// ("postgres.slot", "cfg.postgres"), or as a label or URL scheme ("postgres:", "postgres://"). The
+// URL and key=value patterns hide it where it stands as a password in those.
 func (s *Scrubber) String(v string) string {
 	if s != nil {
 		for _, secret := range s.secrets {
@@ -71,8 +74,14 @@ func replaceStandalone(v, secret string) string {
 			return b.String()
 		}
 		end := i + len(secret)
-		glued := (i > 0 && wordByte(v[i-1]) && wordByte(secret[0])) ||
-			(end < len(v) && wordByte(v[end]) && wordByte(secret[len(secret)-1]))
+		first, last := wordByte(secret[0]), wordByte(secret[len(secret)-1])
+		glued := (i > 0 && wordByte(v[i-1]) && first) ||
+			(end < len(v) && wordByte(v[end]) && last) ||
+			// a dotted name: postgres.slot, cfg.postgres
+			(end+1 < len(v) && v[end] == '.' && wordByte(v[end+1]) && last) ||
+			(i > 1 && v[i-1] == '.' && wordByte(v[i-2]) && first) ||
+			// a label or a scheme: "postgres: ...", postgres://
+			(end < len(v) && v[end] == ':' && last)
 		b.WriteString(v[:i])
 		if glued {
 			b.WriteString(secret)

@@ -57,6 +57,26 @@ func TestSecretInsideALongerWordIsNotReplaced(t *testing.T) {
 	}
 }
 
+// TestACommonWordAsPasswordDoesNotGarble: a password that is a word of the program's own vocabulary
+// ("postgres") is hidden where it can be the password, and left alone in key names, labels and URL
+// schemes, which it would otherwise garble ("xxxxx.slot").
+func TestACommonWordAsPasswordDoesNotGarble(t *testing.T) {
+	s := NewScrubber("postgres")
+	for in, want := range map[string]string{
+		"postgres.slot: must be lower-case letters":           "postgres.slot: must be lower-case letters",
+		"set cfg.postgres to it":                              "set cfg.postgres to it",
+		"postgres: connection refused":                        "postgres: connection refused",
+		"connect to postgres://app:postgres@db:5432/x failed": "connect to postgres://app:xxxxx@db:5432/x failed",
+		"host=db user=app password=postgres":                  "host=db user=app password=xxxxx",
+		`auth failed with "postgres"`:                         `auth failed with "xxxxx"`,
+		"password postgres rejected":                          "password xxxxx rejected",
+	} {
+		if got := s.String(in); got != want {
+			t.Errorf("%q -> %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestWriterScrubsEveryWrite(t *testing.T) {
 	var b strings.Builder
 	w := NewScrubber("hunter2-secret").Writer(&b)
