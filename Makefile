@@ -2,12 +2,17 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := bin/outbox-cdc
-DEV := .dev
+# The local services' directory: OUTBOX_CDC_DEV_DIR, as scripts/services.sh and the tests read it.
+DEV := $(if $(OUTBOX_CDC_DEV_DIR),$(OUTBOX_CDC_DEV_DIR),.dev)
+DEVBIN := $(abspath $(DEV))/bin
 
-.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-compare chaos chaos-long clean helm chart
+.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-compare chaos chaos-long clean helm chart release promtool rules
 
-build: ## build bin/outbox-cdc
-	$(GO) build -o $(BIN) .
+build: ## build bin/outbox-cdc (version and commit from git: outbox-cdc version)
+	$(GO) build -buildvcs=auto -o $(BIN) .
+
+release: ## static binaries for linux and darwin (amd64, arm64), SBOMs, the container image (OCI layout, no Docker) and SHA256SUMS in dist/; reproducible
+	scripts/release.sh
 
 up: ## start local PostgreSQL 15 and Kafka (no Docker), write .dev/env
 	scripts/services.sh up
@@ -20,7 +25,8 @@ status:
 
 # Starts the local services if needed, applies sql/outbox.sql and runs the router in the foreground.
 run: build up
-	@set -a; source $(DEV)/env; set +a; \
+	@set -e; set -a; source $(DEV)/env; set +a; \
+	./$(BIN) config >/dev/null; \
 	PGOPTIONS="-c client_min_messages=warning" psql "$$OUTBOX_CDC_POSTGRES" -q -v ON_ERROR_STOP=1 -f sql/outbox.sql; \
 	echo; \
 	echo "outbox-cdc is starting. In another terminal, insert an event and watch it arrive:"; \
@@ -34,7 +40,7 @@ run: build up
 # then the integration suites again with the router in exactly-once mode. Nested modules (interop/*:
 # tests against other projects' libraries, kept out of outbox-cdc's dependencies) run after the main one.
 INTEROP := interop/cloudevents
-test: up vet helm
+test: up vet helm rules
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
@@ -52,11 +58,20 @@ test-versions: vet ## the replication core on PostgreSQL 14, 16, 17 and 18
 # helm, for the chart's tests (deploy/helm): built from the Go module proxy into .dev/bin, once.
 HELM_VERSION := v4.3.2
 helm: ## install helm into .dev/bin (go install from the Go module proxy)
-	@test -x $(DEV)/bin/helm || { echo "installing helm $(HELM_VERSION) into $(DEV)/bin (once; a few minutes)"; GOBIN=$(CURDIR)/$(DEV)/bin $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); }
+	@test -x $(DEVBIN)/helm || { echo "installing helm $(HELM_VERSION) into $(DEVBIN) (once; a few minutes)"; GOBIN=$(DEVBIN) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); }
+
+# promtool, for the alert rules' tests: built from the Prometheus module into .dev/bin, once.
+PROMETHEUS_VERSION := v0.316.0
+promtool: ## install promtool into .dev/bin (go install from the Go module proxy)
+	@test -x $(DEVBIN)/promtool || { echo "installing promtool ($(PROMETHEUS_VERSION)) into $(DEVBIN) (once; about 2 minutes; without the service-discovery plugins, which rule tests do not need)"; GOBIN=$(DEVBIN) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION); }
+
+rules: promtool ## check the alert rules and run their tests (deploy/prometheus/outbox-cdc-alerts.test.yml)
+	$(DEVBIN)/promtool check rules deploy/prometheus/outbox-cdc-alerts.yml
+	cd deploy/prometheus && $(DEVBIN)/promtool test rules outbox-cdc-alerts.test.yml
 
 chart: helm ## helm lint and helm template of deploy/helm/outbox-cdc, and the manifest checks
-	$(DEV)/bin/helm lint --strict deploy/helm/outbox-cdc
-	$(DEV)/bin/helm template outbox-cdc deploy/helm/outbox-cdc --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true >/dev/null
+	$(DEVBIN)/helm lint --strict deploy/helm/outbox-cdc
+	$(DEVBIN)/helm template outbox-cdc deploy/helm/outbox-cdc --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true >/dev/null
 	$(GO) test -count=1 ./deploy/...
 
 test-unit: ## unit tests only (no services)
@@ -87,4 +102,4 @@ chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker
 	$(GO) run ./scripts/chaos -long -delivery $${DELIVERY:-at-least-once}
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

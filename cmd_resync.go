@@ -11,6 +11,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -33,8 +34,9 @@ Use it to start on an outbox table that already holds rows, to recover after the
 lost (wal_status 'lost'), or to replay retained rows (a new consumer, a lost topic). Only rows still
 in the table can be replayed: rows deleted in their own transaction are gone.
 
-Snapshot rows are published in the order aggregate_id, aggregate_version, created_at, physical
-position: each key receives its events in version order. Memory stays bounded for a
+Snapshot rows are published per aggregate in the order the WAL had them, as far as the table tells:
+aggregate_version, then the inserting transaction (its commit time with track_commit_timestamp, else
+its id), created_at, the statement within it, and the physical position. Memory stays bounded for a
 table of any size (a server-side cursor, and the in-flight caps).
 
 An existing slot is dropped only with --yes or after a confirmation on a terminal. A slot held by a
@@ -79,7 +81,7 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
 			if err != nil {
 				return err
 			}
-			log.Info("outbox-cdc resync", "version", version, "postgres", cfg.PostgresTarget(),
+			log.Info("outbox-cdc resync", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
 				"table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot, "dry_run", dryRun, "snapshot_only", snapshotOnly)
 			res, err := p.Resync(cmd.Context(), opts)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
@@ -79,7 +80,7 @@ Environment variables:
 					}
 				}()
 			}
-			log.Info("outbox-cdc starting", "version", version, "postgres", cfg.PostgresTarget(),
+			log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
 				"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
 			if err := p.Run(ctx); err != nil {
 				log.Error("outbox-cdc stopped: retrying cannot fix this; fix it and start again", "error", err.Error())

@@ -16,11 +16,9 @@ import (
 	"golang.org/x/term"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/internal/redact"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -44,12 +42,12 @@ that inserted them: the WAL still carries them.
 
 Configuration comes from a YAML file (--config), overridden by OUTBOX_CDC_* environment variables,
 overridden by flags.`,
-		Version:       version,
+		Version:       buildinfo.Read().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "", "YAML configuration file ($OUTBOX_CDC_CONFIG)")
-	root.AddCommand(newRunCommand(), newResyncCommand(), newStatusCommand(), newInitCommand())
+	root.AddCommand(newRunCommand(), newResyncCommand(), newStatusCommand(), newInitCommand(), newVersionCommand(), newConfigCommand())
 	return root
 }
 

@@ -108,6 +108,12 @@ type Kafka struct {
 	// Linger is how long the producer waits to fill a batch while the WAL stream is busy; see
 	// QuietFlush for when it does not wait.
 	Linger time.Duration `yaml:"linger"`
+	// Compression is the record batches' codec: none, gzip, snappy (the default), lz4 or zstd.
+	Compression string `yaml:"compression"`
+	// TopicConfig is the configuration of the topics the router creates (retention.ms,
+	// min.insync.replicas, cleanup.policy, ...); Kafka's defaults apply to what it leaves out. The
+	// checkpoint topic keeps its own (one partition, compacted).
+	TopicConfig map[string]string `yaml:"topic_config"`
 	// QuietFlush is how long the WAL stream must stay quiet after a transaction before what is
 	// waiting is sent without waiting any longer: the records lingering in the producer
 	// (at-least-once) or the open Kafka transaction, committed (exactly-once). At low load every
@@ -262,6 +268,7 @@ func Default() Config {
 			TopicReplicationFactor: -1,
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
+			Compression:            "snappy",
 			QuietFlush:             time.Millisecond,
 			AckTimeout:             10 * time.Second,
 			Delivery:               DeliveryAtLeastOnce,
@@ -393,6 +400,16 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.Linger < 0 {
 		bad("kafka.linger", "must not be negative, got %s", c.Kafka.Linger)
+	}
+	switch c.Kafka.Compression {
+	case "none", "gzip", "snappy", "lz4", "zstd":
+	default:
+		bad("kafka.compression", "must be none, gzip, snappy, lz4 or zstd, got %q", c.Kafka.Compression)
+	}
+	for k, v := range c.Kafka.TopicConfig {
+		if k == "" || v == "" || strings.ContainsAny(k, " =,") {
+			bad("kafka.topic_config", "%q = %q is not a topic configuration (a Kafka topic config name and its value)", k, v)
+		}
 	}
 	if c.Kafka.QuietFlush < 0 {
 		bad("kafka.quiet_flush", "must not be negative, got %s", c.Kafka.QuietFlush)

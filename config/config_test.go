@@ -93,6 +93,8 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"transaction interval near the timeout", func(c *Config) {
 			c.Kafka.Delivery, c.Kafka.TransactionInterval, c.Kafka.TransactionTimeout = DeliveryExactlyOnce, 40*time.Second, time.Minute
 		}, "kafka.transaction_interval"},
+		{"unknown compression", func(c *Config) { c.Kafka.Compression = "brotli" }, "kafka.compression"},
+		{"topic config without a value", func(c *Config) { c.Kafka.TopicConfig = map[string]string{"retention.ms": ""} }, "kafka.topic_config"},
 		{"dead letters into the checkpoint topic", func(c *Config) { c.Routing.DLQTopic = c.Kafka.CheckpointTopic }, "routing.dlq_topic"},
 		{"fallback into the checkpoint topic", func(c *Config) { c.Routing.FallbackTopic = c.Kafka.CheckpointTopic }, "routing.fallback_topic"},
 		{"an event type into the checkpoint topic", func(c *Config) { c.Routing.Topics = map[string]string{"Paid": "outbox-cdc_checkpoints"} }, "routing.topics.Paid"},
@@ -310,5 +312,20 @@ func TestTargetNamesEveryHost(t *testing.T) {
 		if got := Target(url, "postgres.url"); got != want {
 			t.Errorf("Target(%q) = %q, want %q", url, got, want)
 		}
+	}
+}
+
+// TestTopicConfigFromTheEnvironment: OUTBOX_CDC_TOPIC_CONFIG is key=value pairs; a pair without '='
+// is an error naming the variable.
+func TestTopicConfigFromTheEnvironment(t *testing.T) {
+	c := Default()
+	if err := c.LoadEnv(env(map[string]string{"OUTBOX_CDC_TOPIC_CONFIG": "retention.ms=604800000, min.insync.replicas=2", "OUTBOX_CDC_COMPRESSION": "zstd"})); err != nil {
+		t.Fatal(err)
+	}
+	if c.Kafka.TopicConfig["retention.ms"] != "604800000" || c.Kafka.TopicConfig["min.insync.replicas"] != "2" || c.Kafka.Compression != "zstd" {
+		t.Fatalf("topic config %v, compression %q", c.Kafka.TopicConfig, c.Kafka.Compression)
+	}
+	if err := c.LoadEnv(env(map[string]string{"OUTBOX_CDC_TOPIC_CONFIG": "retention.ms"})); err == nil || !strings.Contains(err.Error(), "OUTBOX_CDC_TOPIC_CONFIG") {
+		t.Fatalf("a pair without '=': %v", err)
 	}
 }

@@ -70,6 +70,25 @@ func list(p func(c *Config) *[]string) func(*Config, string) error {
 	}
 }
 
+// keyValues parses "key=value,key=value" into a map (replacing it).
+func keyValues(p func(c *Config) *map[string]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		out := map[string]string{}
+		for _, pair := range strings.Split(v, ",") {
+			if pair = strings.TrimSpace(pair); pair == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(pair, "=")
+			if !ok || strings.TrimSpace(k) == "" {
+				return fmt.Errorf("%q is not key=value", pair)
+			}
+			out[strings.TrimSpace(k)] = strings.TrimSpace(val)
+		}
+		*p(c) = out
+		return nil
+	}
+}
+
 // settings lists every key that environment variables and flags can set.
 var settings = []setting{
 	{"postgres.url", "OUTBOX_CDC_POSTGRES", "postgres", "PostgreSQL URL (role with REPLICATION)", str(func(c *Config) *string { return &c.Postgres.URL })},
@@ -98,6 +117,8 @@ var settings = []setting{
 	{"kafka.topic_replication_factor", "OUTBOX_CDC_TOPIC_REPLICATION_FACTOR", "", "", integer(func(c *Config) *int16 { return &c.Kafka.TopicReplicationFactor })},
 	{"kafka.max_message_bytes", "OUTBOX_CDC_MAX_MESSAGE_BYTES", "", "", integer(func(c *Config) *int32 { return &c.Kafka.MaxMessageBytes })},
 	{"kafka.linger", "OUTBOX_CDC_LINGER", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
+	{"kafka.compression", "OUTBOX_CDC_COMPRESSION", "", "", str(func(c *Config) *string { return &c.Kafka.Compression })},
+	{"kafka.topic_config", "OUTBOX_CDC_TOPIC_CONFIG", "", "", keyValues(func(c *Config) *map[string]string { return &c.Kafka.TopicConfig })},
 	{"kafka.quiet_flush", "OUTBOX_CDC_QUIET_FLUSH", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.QuietFlush })},
 	{"kafka.ack_timeout", "OUTBOX_CDC_KAFKA_ACK_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.AckTimeout })},
 	{"kafka.delivery", "OUTBOX_CDC_DELIVERY", "delivery", "at-least-once or exactly-once (Kafka transactions; consumers read read_committed)", str(func(c *Config) *string { return &c.Kafka.Delivery })},

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -429,7 +430,7 @@ func TestNoPasswordInOutput(t *testing.T) {
 		{"postgres://u:Hx7Q9pw@127.0.0.1:1/db", "Hx7Q9pw"},
 	}
 	for _, u := range urls {
-		for _, command := range []string{"run", "status", "init", "resync"} {
+		for _, command := range []string{"run", "status", "init", "resync", "config"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			cmd := exec.CommandContext(ctx, binary, command, "--brokers", "127.0.0.1:1", "--log-format", "json")
 			if command == "resync" {
@@ -444,6 +445,65 @@ func TestNoPasswordInOutput(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestConfigCommandShowsNoSecret: `outbox-cdc config` prints the effective configuration; no password
+// of any shape reaches it — in the URL, from PGPASSWORD, or a SASL password that YAML must quote — and
+// an invalid configuration exits 1 naming the key.
+func TestConfigCommandShowsNoSecret(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary, which -short does not build")
+	}
+	for _, sasl := range []string{"Q9pw'it: \"s", "Q9pw\nsecond line", "   Q9pw  "} {
+		cmd := exec.Command(binary, "config", "--brokers", "127.0.0.1:1")
+		cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES=postgres://u:Hx7Q9pw@127.0.0.1:1/db", "PGPASSWORD=Zr4Q9pw",
+			"OUTBOX_CDC_KAFKA_SASL_MECHANISM=SCRAM-SHA-256", "OUTBOX_CDC_KAFKA_SASL_USERNAME=u", "OUTBOX_CDC_KAFKA_SASL_PASSWORD="+sasl)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("config: %v\n%s", err, out)
+		}
+		if strings.Contains(string(out), "Q9pw") {
+			t.Errorf("config printed a password (SASL %q):\n%s", sasl, out)
+		}
+		for _, want := range []string{"slot: outbox_cdc", "mechanism: SCRAM-SHA-256", "brokers:"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("config output lacks %q:\n%s", want, out)
+			}
+		}
+	}
+	cmd := exec.Command(binary, "config", "--postgres", "postgres://u@127.0.0.1:1/db", "--brokers", "127.0.0.1:1")
+	cmd.Env = append(os.Environ(), "OUTBOX_CDC_MAX_INFLIGHT_RECORDS=0")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "limits.max_inflight_records") {
+		t.Errorf("config accepted an invalid configuration or did not name the key: %v\n%s", err, out)
+	}
+}
+
+// TestVersionCommand: the binary the tests build reports a version, the commit and the platform, as
+// text and as JSON.
+func TestVersionCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary, which -short does not build")
+	}
+	out, err := exec.Command(binary, "version", "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("version --json: %v\n%s", err, out)
+	}
+	var info struct {
+		Version   string `json:"version"`
+		Commit    string `json:"commit"`
+		GoVersion string `json:"go_version"`
+		Platform  string `json:"platform"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		t.Fatalf("version --json is not JSON: %v\n%s", err, out)
+	}
+	if info.Version == "" || info.Commit == "" || !strings.HasPrefix(info.GoVersion, "go") || info.Platform != runtime.GOOS+"/"+runtime.GOARCH {
+		t.Errorf("version --json: %+v", info)
+	}
+	line, err := exec.Command(binary, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(line), info.Version) || !strings.Contains(string(line), info.Platform) {
+		t.Errorf("--version: %v: %s", err, line)
 	}
 }
 

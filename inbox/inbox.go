@@ -29,6 +29,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox"
@@ -259,11 +261,24 @@ func (in *Inbox) Close() {
 	in.m.unregister()
 }
 
-// Setup creates the inbox tables (sql/inbox.sql, under the configured names) if they do not exist.
+// Setup creates the inbox tables (sql/inbox.sql, under the configured names) if they do not exist,
+// and the dead-letter topic if there is one and it is missing (with the brokers' default partitions
+// and replication): an event that fails must find it, not stall on it and stop Run.
 func (in *Inbox) Setup(ctx context.Context) error {
 	ddl := strings.NewReplacer("public.inbox_versions", in.versions, "public.inbox", in.claims, "inbox_handled_at", in.index).Replace(outboxsql.Inbox)
 	if _, err := in.o.DB.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("inbox: create the tables: %w", err)
+	}
+	if in.o.DeadLetterTopic == "" {
+		return nil
+	}
+	_, err := kadm.NewClient(in.client).CreateTopic(ctx, -1, -1, nil, in.o.DeadLetterTopic)
+	switch {
+	case err == nil:
+		in.o.Logger.Info("inbox: created the dead-letter topic", "topic", in.o.DeadLetterTopic)
+	case errors.Is(err, kerr.TopicAlreadyExists):
+	default:
+		return fmt.Errorf("inbox: the dead-letter topic %s is missing and could not be created (create it, or give the principal CREATE on it): %w", in.o.DeadLetterTopic, err)
 	}
 	return nil
 }

@@ -501,6 +501,20 @@ func TestFailedDeadLetterWriteIsTriedAgain(t *testing.T) {
 				in.Close()
 				t.Fatal(err)
 			}
+			// Setup created the dead-letter topic; it goes away before the write.
+			cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			adm := kadm.NewClient(cl)
+			if _, err := adm.DeleteTopic(context.Background(), o.DeadLetterTopic); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the dead-letter topic gone", func() bool {
+				d, err := adm.ListTopics(context.Background(), o.DeadLetterTopic)
+				return err == nil && !d.Has(o.DeadLetterTopic)
+			})
 			f.produce(t, event{id: "v2", agg: "a", version: 2}, event{id: "v1", agg: "a", version: 1}, event{id: "v3", agg: "a", version: 3})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -512,15 +526,7 @@ func TestFailedDeadLetterWriteIsTriedAgain(t *testing.T) {
 			if got := f.applications(t); got["v3"] != 0 {
 				t.Errorf("an event behind the one that could not be dead-lettered was applied: %v", got)
 			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, nil, o.DeadLetterTopic); err != nil {
-				t.Fatal(err)
-			}
-			in2, _ := start(t, o)
+			in2, _ := start(t, o) // its Setup creates the dead-letter topic again
 			waitFor(t, "the rest handled", func() bool { s := in2.Stats(); return s.DeadLettered >= 1 && s.Applied >= 1 })
 			dead := testenv.Consume(t, f.brokers, []string{o.DeadLetterTopic}, 1, 30*time.Second)
 			if len(dead) != 1 || testenv.Header(dead[0], "event_id") != "v1" {
@@ -585,5 +591,19 @@ func TestDatabaseAnsweringAgainResetsTheWait(t *testing.T) {
 			t.Fatal("the event was not applied")
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// TestSetupCreatesTheDeadLetterTopic: Setup creates a missing dead-letter topic, so that the first event
+// that fails finds it instead of stalling and stopping Run.
+func TestSetupCreatesTheDeadLetterTopic(t *testing.T) {
+	f := newFixture(t)
+	o := f.options(func(context.Context, pgx.Tx, Event) error { return Permanent(errors.New("never applies")) })
+	o.DeadLetterTopic = f.dlq + ".created"
+	in, _ := start(t, o)
+	f.produce(t, event{id: "p1", agg: "a"})
+	waitFor(t, "the event dead-lettered", func() bool { return in.Stats().DeadLettered == 1 })
+	if dead := testenv.Consume(t, f.brokers, []string{o.DeadLetterTopic}, 1, 30*time.Second); len(dead) != 1 {
+		t.Fatalf("%d dead letters in the created topic", len(dead))
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -76,7 +77,17 @@ func New() *Metrics {
 		}),
 		labels: map[string]bool{},
 	}
-	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit,
+	info := buildinfo.Read()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info",
+		Help: "1, labelled with the build's version, commit (modified when the tree had changes), Go version and platform.",
+	}, []string{"version", "commit", "go_version", "platform"})
+	commit := info.Commit
+	if info.Modified {
+		commit += "+modified"
+	}
+	build.WithLabelValues(info.Version, commit, info.GoVersion, info.Platform).Set(1)
+	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -96,6 +97,7 @@ func TestMetricsExposition(t *testing.T) {
 		`outbox_cdc_ignored_operations_total{operation="delete"} 3`,
 		`outbox_cdc_slot_lag_bytes 1000`,
 		`outbox_cdc_failover_phantom_risk 1`,
+		`outbox_cdc_build_info{commit=`,
 		`outbox_cdc_seconds_behind 1.5`,
 		`outbox_cdc_role{role="active"} 1`,
 		`outbox_cdc_role{role="standby"} 0`,
@@ -211,7 +213,7 @@ func TestDashboardsUseExistingMetrics(t *testing.T) {
 					alerts[r.Alert] = true
 				}
 			}
-			for _, want := range []string{"OutboxCdcSlotLost", "OutboxCdcNotStreaming", "OutboxCdcNotStreamingSlotInactive", "OutboxCdcSlotMonitorFailing", "OutboxCdcServerSilent", "OutboxCdcFailoverPhantomRisk"} {
+			for _, want := range []string{"OutboxCdcSlotLost", "OutboxCdcNotStreaming", "OutboxCdcNotStreamingSlotInactive", "OutboxCdcSlotMonitorFailing", "OutboxCdcServerSilent", "OutboxCdcFailoverPhantomRisk", "OutboxCdcAbsent"} {
 				if !alerts[want] {
 					t.Errorf("%s lacks the alert %s", file, want)
 				}
@@ -242,5 +244,51 @@ func TestInvalidUTF8LabelsNeverPanic(t *testing.T) {
 	body := rec.Body.String()
 	if !strings.Contains(body, `event_type="Order`+"\uFFFD"+`Paid"`) {
 		t.Fatalf("the invalid event type is not counted under its sanitized name:\n%s", body)
+	}
+}
+
+// TestDashboardIsScopedToADeployment: the dashboard has namespace, job and instance variables, and
+// every query of an outbox-cdc metric is scoped by them (one release's figures never mix with
+// another's); the exactly-once metrics have panels.
+func TestDashboardIsScopedToADeployment(t *testing.T) {
+	data, err := os.ReadFile("../deploy/grafana/outbox-cdc-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Templating struct{ List []struct{ Name string } }
+		Panels     []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = true
+	}
+	for _, want := range []string{"namespace", "job", "instance"} {
+		if !vars[want] {
+			t.Errorf("the dashboard has no $%s variable", want)
+		}
+	}
+	metricRE := regexp.MustCompile(`outbox_cdc_[a-z_]+(\{[^}]*\})?`)
+	seen := map[string]bool{}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range metricRE.FindAllStringSubmatch(tg.Expr, -1) {
+				seen[strings.SplitN(m[0], "{", 2)[0]] = true
+				if !strings.Contains(m[1], `namespace=~"$namespace"`) || !strings.Contains(m[1], `job=~"$job"`) || !strings.Contains(m[1], `instance=~"$instance"`) {
+					t.Errorf("panel %q: %s is not scoped by the variables", p.Title, m[0])
+				}
+			}
+		}
+	}
+	for _, want := range []string{"outbox_cdc_kafka_transactions_total", "outbox_cdc_kafka_transaction_commit_seconds_bucket", "outbox_cdc_checkpoint_lsn"} {
+		if !seen[want] {
+			t.Errorf("no panel shows %s", want)
+		}
 	}
 }

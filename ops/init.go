@@ -32,31 +32,71 @@ type Problem struct {
 // missing table, publication or slot is not a problem: init creates them.
 func CheckPrerequisites(f replication.Prerequisites) []Problem {
 	var out []Problem
+	fix := platformFixes(f.Platform)
 	if f.WALLevel != "logical" {
 		out = append(out, Problem{
 			What: fmt.Sprintf("wal_level is %q; logical decoding needs logical", f.WALLevel),
-			Fix:  "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+			Fix:  fix.walLevel,
 		})
 	}
 	if !f.SlotExists && f.Slots >= f.MaxSlots {
 		out = append(out, Problem{
 			What: fmt.Sprintf("max_replication_slots is %d and %d slots exist: no room for another", f.MaxSlots, f.Slots),
-			Fix:  fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot)", f.Slots+4),
+			Fix:  fmt.Sprintf(fix.setting, "max_replication_slots", f.Slots+4) + " (or drop an unused slot)",
 		})
 	}
 	if f.MaxSenders <= f.Senders {
 		out = append(out, Problem{
 			What: fmt.Sprintf("max_wal_senders is %d and %d are in use: the router could not connect", f.MaxSenders, f.Senders),
-			Fix:  fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d; then restart PostgreSQL", f.Senders+4),
+			Fix:  fmt.Sprintf(fix.setting, "max_wal_senders", f.Senders+4),
 		})
 	}
 	if !f.Replication {
-		out = append(out, Problem{What: "the role lacks the REPLICATION attribute", Fix: "ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql"})
+		out = append(out, Problem{What: "the role lacks the REPLICATION attribute", Fix: fix.replication})
 	}
 	if f.TableExists && !f.CanSelect {
 		out = append(out, Problem{What: "the role may not SELECT the outbox table (needed by resync and status)", Fix: "GRANT SELECT ON <table> TO <role>"})
 	}
 	return out
+}
+
+// fixes say how a platform sets what outbox-cdc needs: wal_level, a setting (%s name, %d value), and
+// the right to stream.
+type fixes struct{ walLevel, setting, replication string }
+
+// platformFixes are the fixes of a managed service (replication.Platform*), or of a server of one's own.
+func platformFixes(platform string) fixes {
+	switch platform {
+	case replication.PlatformRDS:
+		return fixes{
+			walLevel:    "set rds.logical_replication = 1 in the instance's DB parameter group, then reboot the instance (RDS then sets wal_level = logical)",
+			setting:     "set %s = %d in the instance's DB parameter group, then reboot the instance",
+			replication: "GRANT rds_replication TO <role> (as the master user), or use the role from sql/role.sql with that grant",
+		}
+	case replication.PlatformAurora:
+		return fixes{
+			walLevel:    "set rds.logical_replication = 1 in the DB cluster parameter group, then reboot the writer instance",
+			setting:     "set %s = %d in the DB cluster parameter group, then reboot the writer instance",
+			replication: "GRANT rds_replication TO <role> (as the master user)",
+		}
+	case replication.PlatformCloudSQL:
+		return fixes{
+			walLevel:    "set the database flag cloudsql.logical_decoding = on (gcloud sql instances patch <instance> --database-flags=cloudsql.logical_decoding=on; the instance restarts)",
+			setting:     "set the database flag %s = %d (gcloud sql instances patch <instance> --database-flags=...; the instance restarts)",
+			replication: "ALTER USER <role> WITH REPLICATION (as a member of cloudsqlsuperuser, e.g. the postgres user)",
+		}
+	case replication.PlatformAzure:
+		return fixes{
+			walLevel:    "set the server parameter wal_level = logical (az postgres flexible-server parameter set --name wal_level --value logical), then restart the server",
+			setting:     "set the server parameter %s = %d (az postgres flexible-server parameter set), then restart the server",
+			replication: "ALTER ROLE <role> WITH REPLICATION (as a member of azure_pg_admin, e.g. the administrator)",
+		}
+	}
+	return fixes{
+		walLevel:    "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+		setting:     "ALTER SYSTEM SET %s = %d; then restart PostgreSQL",
+		replication: "ALTER ROLE <role> REPLICATION (as a superuser), or use the role from sql/role.sql",
+	}
 }
 
 // ErrPrerequisites is returned by Init when a prerequisite is not met (the output says which).

@@ -36,6 +36,30 @@ func TestCheckPrerequisites(t *testing.T) {
 			}
 		})
 	}
+	// A managed service is told what to set its own way.
+	for platform, want := range map[string][]string{
+		replication.PlatformRDS:      {"rds.logical_replication = 1", "DB parameter group", "GRANT rds_replication"},
+		replication.PlatformAurora:   {"rds.logical_replication = 1", "DB cluster parameter group", "GRANT rds_replication"},
+		replication.PlatformCloudSQL: {"cloudsql.logical_decoding", "database flag", "cloudsqlsuperuser"},
+		replication.PlatformAzure:    {"az postgres flexible-server parameter set", "server parameter", "azure_pg_admin"},
+	} {
+		f := good
+		f.Platform, f.WALLevel, f.Senders, f.Replication = platform, "replica", 10, false
+		p := CheckPrerequisites(f)
+		var fixes []string
+		for _, pr := range p {
+			fixes = append(fixes, pr.Fix)
+		}
+		all := strings.Join(fixes, "\n")
+		for _, w := range want {
+			if !strings.Contains(all, w) {
+				t.Errorf("%s: fixes do not mention %q:\n%s", platform, w, all)
+			}
+		}
+		if strings.Contains(all, "ALTER SYSTEM") {
+			t.Errorf("%s: a managed service is told to ALTER SYSTEM, which it refuses:\n%s", platform, all)
+		}
+	}
 	// A full server is fine when our slot already exists.
 	f := good
 	f.Slots, f.SlotExists = 10, true

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -275,9 +276,34 @@ func (st *Status) Scrub(hide func(string) string) {
 
 // WriteJSON writes the report as indented JSON.
 func (st Status) WriteJSON(w io.Writer) error {
+	emptyLists(reflect.ValueOf(&st).Elem())
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(st)
+}
+
+// emptyLists makes every nil slice reachable from v an empty one, so that JSON shows [] where a list
+// is expected, never null.
+func emptyLists(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			emptyLists(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if f := v.Field(i); f.CanSet() {
+				emptyLists(f)
+			}
+		}
+	case reflect.Slice:
+		if v.IsNil() && v.CanSet() {
+			v.Set(reflect.MakeSlice(v.Type(), 0, 0))
+		}
+		for i := range v.Len() {
+			emptyLists(v.Index(i))
+		}
+	}
 }
 
 // Print writes the report as a table for people.
@@ -315,7 +341,15 @@ func (st Status) Print(w io.Writer) {
 	})
 	o := st.Outbox
 	section("outbox", o.Table, o.Exists, func() {
-		fmt.Fprintf(tw, "  rows (estimate)\t%d\n  oldest row\t%s\n", o.RowEstimate, (time.Duration(o.OldestAgeSeconds) * time.Second).String())
+		rows := fmt.Sprintf("%d", o.RowEstimate)
+		if o.RowsAtLeast {
+			rows = "at least " + rows
+		}
+		oldest := "none (the table is empty)"
+		if o.OldestAgeSeconds != nil {
+			oldest = (time.Duration(*o.OldestAgeSeconds) * time.Second).String()
+		}
+		fmt.Fprintf(tw, "  rows\t%s\n  oldest row\t%s\n", rows, oldest)
 	})
 	k := st.Kafka
 	fmt.Fprintf(tw, "kafka\t%s\n  reachable\t%t\n", strings.Join(k.Brokers, ","), k.Reachable)

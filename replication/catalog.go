@@ -238,22 +238,31 @@ func (c *Catalog) ExplainConnectFailure(ctx context.Context, err error) error {
 var ErrOtherServer = errors.New("the catalog and replication connections reached different servers")
 
 // sameServer checks that this connection reached the server srv describes: the same cluster (system
-// identifier, where the role may read pg_control_system) on the same timeline.
+// identifier) on the same timeline. Where the role may not ask one of them (EXECUTE revoked, or a
+// platform without WAL file names), the others must do: at least that this connection reached a
+// primary, not a standby of the same cluster.
 func (c *Catalog) sameServer(ctx context.Context, srv Server) error {
 	if srv.Timeline == 0 {
 		return errors.New("set-up: the streaming server's identity is unknown")
 	}
 	tl, err := c.Timeline(ctx)
-	if isPrivilegeError(err) {
-		return fmt.Errorf("%w: %w: the role may not run pg_walfile_name(pg_current_wal_lsn()), which tells the catalog connection's timeline: GRANT EXECUTE ON FUNCTION pg_walfile_name(pg_lsn), pg_current_wal_lsn() TO <role>", ErrNotSetUp, err)
+	if unavailable(err) {
+		tl, err = srv.Timeline, nil
+		var recovery bool
+		if rerr := c.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovery); rerr != nil {
+			return fmt.Errorf("read whether the server is a standby: %w", rerr)
+		}
+		if recovery {
+			return fmt.Errorf("%w: the catalog connection reached a standby", ErrOtherServer)
+		}
 	}
 	if err != nil {
 		return err
 	}
 	var sysID string
 	err = c.conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&sysID)
-	if isPrivilegeError(err) {
-		sysID, err = srv.SystemID, nil // EXECUTE revoked: the timeline has to do
+	if unavailable(err) {
+		sysID, err = srv.SystemID, nil
 	}
 	if err != nil {
 		return fmt.Errorf("read the system identifier: %w", err)
@@ -262,6 +271,13 @@ func (c *Catalog) sameServer(ctx context.Context, srv Server) error {
 		return fmt.Errorf("%w: system %s on timeline %d, and system %s on timeline %d", ErrOtherServer, sysID, tl, srv.SystemID, srv.Timeline)
 	}
 	return nil
+}
+
+// unavailable reports an error of a function the role may not run or the platform does not offer
+// (SQLSTATE class 42, or 0A000): asking again cannot help.
+func unavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return isPrivilegeError(err) || errors.As(err, &pgErr) && pgErr.Code == "0A000"
 }
 
 // Timeline returns the server's current timeline: 1 on a server that was never promoted from a

@@ -25,7 +25,26 @@ type Prerequisites struct {
 	TableExists, CanSelect bool
 	// PublicationExists and SlotExists describe outbox-cdc's publication and slot.
 	PublicationExists, SlotExists bool
+	// Platform is the managed service the server belongs to, told by its own roles and functions:
+	// PlatformRDS, PlatformAurora, PlatformCloudSQL, PlatformAzure, or "" for a server of one's own.
+	Platform string
 }
+
+// The managed PostgreSQL services init recognizes: each sets the server up its own way.
+const (
+	PlatformRDS      = "Amazon RDS"
+	PlatformAurora   = "Amazon Aurora"
+	PlatformCloudSQL = "Google Cloud SQL"
+	PlatformAzure    = "Azure Database for PostgreSQL"
+)
+
+// platformSQL tells a managed service by what only it creates.
+const platformSQL = `CASE
+		WHEN EXISTS (SELECT FROM pg_proc WHERE proname = 'aurora_version') THEN 'Amazon Aurora'
+		WHEN EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_superuser') THEN 'Amazon RDS'
+		WHEN EXISTS (SELECT FROM pg_roles WHERE rolname = 'cloudsqlsuperuser') THEN 'Google Cloud SQL'
+		WHEN EXISTS (SELECT FROM pg_roles WHERE rolname = 'azure_pg_admin') THEN 'Azure Database for PostgreSQL'
+		ELSE '' END`
 
 // Prerequisites reads them for the outbox o and slot.
 func (c *Catalog) Prerequisites(ctx context.Context, o Outbox, slot string) (Prerequisites, error) {
@@ -34,8 +53,8 @@ func (c *Catalog) Prerequisites(ctx context.Context, o Outbox, slot string) (Pre
 	err := c.conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_replication_slots'), current_setting('max_wal_senders'),
 		(SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_stat_replication), `+MayReplicateSQL+`,
 		EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1),
-		EXISTS (SELECT FROM pg_publication WHERE pubname = $2)`, slot, o.Publication).
-		Scan(&f.WALLevel, &maxSlots, &maxSenders, &f.Slots, &f.Senders, &f.Replication, &f.SlotExists, &f.PublicationExists)
+		EXISTS (SELECT FROM pg_publication WHERE pubname = $2), `+platformSQL, slot, o.Publication).
+		Scan(&f.WALLevel, &maxSlots, &maxSenders, &f.Slots, &f.Senders, &f.Replication, &f.SlotExists, &f.PublicationExists, &f.Platform)
 	if err != nil {
 		return f, fmt.Errorf("read server settings: %w", err)
 	}
@@ -87,21 +106,32 @@ func (c *Catalog) Publication(ctx context.Context, name string) (PublicationStat
 
 // OutboxState is the outbox table's size and age.
 type OutboxState struct {
-	// Table is schema.table; RowEstimate is pg_class.reltuples; OldestAgeSeconds is now minus the
-	// oldest created-at (0 when unknown or empty).
-	Table            string  `json:"table"`
-	Exists           bool    `json:"exists"`
-	RowEstimate      int64   `json:"row_estimate"`
-	OldestAgeSeconds float64 `json:"oldest_row_age_seconds"`
+	// Table is schema.table. RowEstimate is the row count: counted when below rowCountLimit, else
+	// the planner's estimate (pg_class.reltuples, summed over partitions), at least rowCountLimit;
+	// RowsAtLeast is then true. OldestAgeSeconds is now minus the oldest created-at; nil when the
+	// table is empty, or the age could not be read in time.
+	Table            string   `json:"table"`
+	Exists           bool     `json:"exists"`
+	RowEstimate      int64    `json:"row_estimate"`
+	RowsAtLeast      bool     `json:"row_estimate_is_lower_bound,omitempty"`
+	OldestAgeSeconds *float64 `json:"oldest_row_age_seconds"`
 }
+
+// rowCountLimit bounds the rows status counts: past it, it takes the planner's estimate.
+const rowCountLimit = 10000
 
 // OutboxState reads the outbox table's state; createdAt names its created-at column ("" skips the
 // age). The age is read within a 5 s bound: applications that delete what they insert keep the table
 // small, others may not.
 func (c *Catalog) OutboxState(ctx context.Context, o Outbox, createdAt string) (OutboxState, error) {
 	st := OutboxState{Table: o.String()}
-	err := c.conn.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		o.Schema, o.Table).Scan(&st.RowEstimate)
+	// The planner's estimate: -1 for a table never analyzed, none for a partitioned one (its
+	// partitions have them).
+	var estimate int64
+	err := c.conn.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint + coalesce((SELECT sum(greatest(p.reltuples, 0))::bigint FROM pg_partition_tree(c.oid) t
+			JOIN pg_class p ON p.oid = t.relid WHERE t.relid <> c.oid), 0)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		o.Schema, o.Table).Scan(&estimate)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, nil
 	}
@@ -109,13 +139,23 @@ func (c *Catalog) OutboxState(ctx context.Context, o Outbox, createdAt string) (
 		return st, fmt.Errorf("look up the outbox table: %w", err)
 	}
 	st.Exists = true
+	// A small table (the usual outbox) is counted, whatever the statistics say.
+	err = c.conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM `+o.qualified()+` LIMIT $1) t`, rowCountLimit).Scan(&st.RowEstimate)
+	switch {
+	case isPrivilegeError(err):
+		st.RowEstimate = estimate // no SELECT on the table: the statistics have to do
+	case err != nil:
+		return st, fmt.Errorf("count the outbox's rows: %w", err)
+	case st.RowEstimate >= rowCountLimit:
+		st.RowEstimate, st.RowsAtLeast = max(estimate, rowCountLimit), true
+	}
 	if createdAt != "" {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		var age *float64
 		q := `SELECT extract(epoch FROM now() - min(` + pgx.Identifier{createdAt}.Sanitize() + `))::float8 FROM ` + o.qualified()
 		if err := c.conn.QueryRow(qctx, q).Scan(&age); err == nil && age != nil {
-			st.OldestAgeSeconds = *age
+			st.OldestAgeSeconds = age
 		}
 	}
 	return st, nil

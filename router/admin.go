@@ -53,10 +53,11 @@ func (a *Admin) Topics(ctx context.Context, names ...string) (present, missing [
 	return present, missing, nil
 }
 
-// CreateTopics creates those of names that do not exist, with kafka.topic_partitions and
-// kafka.topic_replication_factor, and returns the ones it created; existing topics are left alone.
+// CreateTopics creates those of names that do not exist, with kafka.topic_partitions,
+// kafka.topic_replication_factor and kafka.topic_config, and returns the ones it created; existing
+// topics are left alone.
 func (a *Admin) CreateTopics(ctx context.Context, names ...string) (created []string, err error) {
-	resp, err := a.adm.CreateTopics(ctx, a.k.TopicPartitions, a.k.TopicReplicationFactor, nil, names...)
+	resp, err := a.adm.CreateTopics(ctx, a.k.TopicPartitions, a.k.TopicReplicationFactor, TopicConfigs(a.k), names...)
 	if err != nil {
 		return nil, fmt.Errorf("create topics on %v: %w", a.k.Brokers, err)
 	}

@@ -202,7 +202,8 @@ func rfc3339(v []byte) ([]byte, bool) {
 }
 
 // jsonHeaders turns a JSON object into headers in key order: string values as they are, other
-// values as their JSON text. Keys reserved for the record's own headers are left out.
+// values as their JSON text, null ones left out. Keys reserved for the record's own headers are left
+// out.
 func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
@@ -224,8 +225,7 @@ func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, er
 			continue
 		}
 		if string(v) == "null" {
-			out = append(out, kgo.RecordHeader{Key: k})
-			continue
+			continue // no value, no header: a header without a value breaks some consumers' SDKs
 		}
 		out = append(out, kgo.RecordHeader{Key: k, Value: append([]byte(nil), v...)})
 	}

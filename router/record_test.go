@@ -28,7 +28,7 @@ func TestBuildRecord(t *testing.T) {
 	}
 	want := map[string]string{
 		"event_id": "7d1c4d6a-0000-4000-8000-000000000001", "event_type": "OrderPaid", "aggregate_type": "order",
-		"aggregate_version": "7", "created_at": "2026-12-02T08:00:00Z", "traceparent": "00-abc-def-01", "retries": "2", "note": "",
+		"aggregate_version": "7", "created_at": "2026-12-02T08:00:00Z", "traceparent": "00-abc-def-01", "retries": "2", // "note": null is no header
 	}
 	checkHeaders(t, rec, want)
 }

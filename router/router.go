@@ -207,6 +207,7 @@ func New(opts Options) (*Router, error) {
 		}),
 		// The limiter caps what is in flight; the client's own buffer must never be the one that blocks.
 		kgo.MaxBufferedRecords(2*opts.Limits.MaxInFlightRecords+16),
+		kgo.ProducerBatchCompression(Compression(opts.Kafka.Compression)),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
 	)
 	if t := opts.Transactions; t != nil {
@@ -727,7 +728,7 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		return fmt.Errorf("%s topic %s: %w", what, topic, err)
 	}
 	if r.opts.Kafka.CreateTopics {
-		resp, err := r.admin.CreateTopic(ctx, r.opts.Kafka.TopicPartitions, r.opts.Kafka.TopicReplicationFactor, nil, topic)
+		resp, err := r.admin.CreateTopic(ctx, r.opts.Kafka.TopicPartitions, r.opts.Kafka.TopicReplicationFactor, TopicConfigs(r.opts.Kafka), topic)
 		switch {
 		case err == nil:
 			r.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
@@ -781,6 +782,34 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		}
 	}
 	return info, nil
+}
+
+// Compression is kafka.compression as franz-go's codec (snappy for anything it does not name).
+func Compression(name string) kgo.CompressionCodec {
+	switch name {
+	case "none":
+		return kgo.NoCompression()
+	case "gzip":
+		return kgo.GzipCompression()
+	case "lz4":
+		return kgo.Lz4Compression()
+	case "zstd":
+		return kgo.ZstdCompression()
+	default:
+		return kgo.SnappyCompression()
+	}
+}
+
+// TopicConfigs is kafka.topic_config for CreateTopics (nil when empty: Kafka's defaults).
+func TopicConfigs(k config.Kafka) map[string]*string {
+	if len(k.TopicConfig) == 0 {
+		return nil
+	}
+	out := make(map[string]*string, len(k.TopicConfig))
+	for name, v := range k.TopicConfig {
+		out[name] = &v
+	}
+	return out
 }
 
 // Kick sends the records lingering in the producer now, without waiting for kafka.linger, and returns

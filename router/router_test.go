@@ -836,3 +836,59 @@ func TestTransactionTimeoutAboveTheBrokersIsAConfigurationError(t *testing.T) {
 		t.Fatalf("fence returned %v, want a configuration error naming kafka.transaction_timeout", err)
 	}
 }
+
+// TestCompressionAndTopicConfig: kafka.compression is the codec of the batches the router sends, and
+// kafka.topic_config is the configuration of the topics it creates.
+func TestCompressionAndTopicConfig(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := testRouter(t, c, func(o *Options) {
+		o.Kafka.CreateTopics, o.Kafka.Compression = true, "zstd"
+		o.Kafka.TopicConfig = map[string]string{"retention.ms": "1234567", "cleanup.policy": "delete"}
+	})
+	acked := make(chan struct{})
+	big := row("configured", "e1")
+	big["payload"] = strings.Repeat(`{"compressible": true}`, 500) // franz-go sends a batch that does not shrink as it is
+	if err := send(t, r, big, func() { close(acked) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-acked:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("not acknowledged: %v", r.Err())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("configured"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	configs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, "configured")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := configs.On("configured", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range rc.Configs {
+		if c.Value != nil {
+			got[c.Key] = *c.Value
+		}
+	}
+	if got["retention.ms"] != "1234567" || got["cleanup.policy"] != "delete" {
+		t.Errorf("created topic's configuration %v, want kafka.topic_config's", got)
+	}
+	var codec uint8 = 255
+	for codec == 255 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) { codec = rec.Attrs.CompressionType() })
+	}
+	if codec != 4 {
+		t.Errorf("batch compression type %d, want 4 (zstd)", codec)
+	}
+}

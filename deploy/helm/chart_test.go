@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,7 @@ func helmBinary(t *testing.T) string {
 	if h := os.Getenv("HELM"); h != "" {
 		return h
 	}
-	h := filepath.Join(testenv.RepoRoot(t), ".dev", "bin", "helm")
+	h := filepath.Join(testenv.DevDir(t), "bin", "helm")
 	if _, err := os.Stat(h); err != nil {
 		t.Fatalf("helm not found at %s: install it with `make helm` (go install helm.sh/helm/v4/cmd/helm from the Go module proxy), or set HELM", h)
 	}
@@ -151,8 +152,8 @@ func TestRenderedManifests(t *testing.T) {
 			t.Errorf("env %s holds a literal value", e["name"])
 		}
 	}
-	if pgPassword == nil || pgPassword.get("valueFrom", "secretKeyRef", "name") != "outbox-cdc" {
-		t.Errorf("PGPASSWORD does not come from the Secret: %v", pgPassword)
+	if pgPassword == nil || pgPassword.get("valueFrom", "secretKeyRef", "name") != "prod-outbox-cdc" {
+		t.Errorf("PGPASSWORD does not come from the release's Secret: %v", pgPassword)
 	}
 	if m := c.get("volumeMounts", 0, "mountPath"); m != "/etc/outbox-cdc" {
 		t.Errorf("config mount %v", m)
@@ -208,8 +209,21 @@ func TestRenderedManifests(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &file2); err != nil {
 		t.Fatal(err)
 	}
-	if got := objs["PrometheusRule"].get("spec", "groups"); !reflect.DeepEqual(got, file2["groups"]) {
-		t.Errorf("the PrometheusRule's groups differ from deploy/prometheus/outbox-cdc-alerts.yml")
+	groups, _ := objs["PrometheusRule"].get("spec", "groups").([]any)
+	if len(groups) != len(file2["groups"].([]any))+1 || !reflect.DeepEqual(groups[:len(groups)-1], file2["groups"]) {
+		t.Fatalf("the PrometheusRule's groups are not deploy/prometheus/outbox-cdc-alerts.yml's and the release's own")
+	}
+	// The release's own rule: no series of this release at all, whatever other releases report; the
+	// PodMonitor sets the job it looks for.
+	own, _ := yaml.Marshal(groups[len(groups)-1])
+	for _, want := range []string{"OutboxCdcReleaseAbsent", `namespace="`, `job="prod-outbox-cdc"`} {
+		if !strings.Contains(string(own), want) {
+			t.Errorf("the release's own rule group lacks %s:\n%s", want, own)
+		}
+	}
+	relabel, _ := yaml.Marshal(pm.get("spec", "podMetricsEndpoints"))
+	if !strings.Contains(string(relabel), "targetLabel: job") || !strings.Contains(string(relabel), "prod-outbox-cdc") {
+		t.Errorf("the PodMonitor does not set the job the release's rule looks for:\n%s", relabel)
 	}
 }
 
@@ -220,7 +234,12 @@ func TestChartRefusesUnsafeValues(t *testing.T) {
 		{"config.postgres.url=postgres://u:secret@db:5432/app", "holds a password"},
 		{`config.postgres.url=host=db user=u password=secret@`, "holds a password"},
 		{"config.metrics.addr=127.0.0.1:9187", "loopback"},
-		{"secrets.postgresPassword.name=", "secrets.postgresPassword.name"},
+		// values.schema.json: wrong types and unknown keys never reach the cluster.
+		{"replicaCount=two", "replicaCount"},
+		{"imagee.tag=1.0", "imagee"},
+		{"image.digest=latest", "digest"},
+		{"config.kafka.delivery=exactly_once", "delivery"},
+		{"metrics.podMonitor.enabld=true", "enabld"},
 	} {
 		out, err := helm(t, "template", "prod", "outbox-cdc", "--set", tt.set)
 		if err == nil || !strings.Contains(out, tt.want) {
@@ -236,5 +255,53 @@ func TestChartRefusesUnsafeValues(t *testing.T) {
 		if objs[kind] != nil {
 			t.Errorf("%s rendered though not enabled", kind)
 		}
+	}
+}
+
+// TestChartForRealClusters: the image pinned by digest, the Secret named after the release by default
+// (two releases in one namespace never share one), and extra volumes mounted (TLS material for Kafka
+// and PostgreSQL).
+func TestChartForRealClusters(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	objs := render(t, "image.digest="+digest,
+		"extraVolumes[0].name=kafka-tls", "extraVolumes[0].secret.secretName=kafka-client-tls",
+		"extraVolumeMounts[0].name=kafka-tls", "extraVolumeMounts[0].mountPath=/etc/tls/kafka", "extraVolumeMounts[0].readOnly=true")
+	dep, err := yaml.Marshal(objs["Deployment"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"image: ghcr.io/outbox-cdc/outbox-cdc@" + digest, "secretName: kafka-client-tls", "mountPath: /etc/tls/kafka", "name: prod-outbox-cdc"} {
+		if !strings.Contains(string(dep), want) {
+			t.Errorf("the Deployment lacks %q:\n%s", want, dep)
+		}
+	}
+	tagged, err := yaml.Marshal(render(t, "image.tag=v1.2.3")["Deployment"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(tagged), "image: ghcr.io/outbox-cdc/outbox-cdc:v1.2.3") {
+		t.Errorf("image.tag not used:\n%s", tagged)
+	}
+	// By default the image is the one a release of the chart's appVersion publishes: the release
+	// workflow tags the image with the git tag (v1.2.3) and packages the chart with that appVersion.
+	chart, err := os.ReadFile(filepath.Join("outbox-cdc", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		AppVersion string `yaml:"appVersion"`
+	}
+	if err := yaml.Unmarshal(chart, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^v\d+\.\d+\.\d+`).MatchString(meta.AppVersion) {
+		t.Errorf("appVersion %q is not a release tag (vX.Y.Z)", meta.AppVersion)
+	}
+	def, err := yaml.Marshal(render(t)["Deployment"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "image: ghcr.io/outbox-cdc/outbox-cdc:" + meta.AppVersion; !strings.Contains(string(def), want) {
+		t.Errorf("the default image is not %q:\n%s", want, def)
 	}
 }

@@ -44,12 +44,21 @@ func RepoRoot(t TB) string {
 	}
 }
 
-// lookup returns a setting from the environment, else from .dev/env.
+// DevDir is the local services' directory: OUTBOX_CDC_DEV_DIR, else .dev in the repository, as
+// scripts/services.sh and the Makefile have it.
+func DevDir(t TB) string {
+	if d := os.Getenv("OUTBOX_CDC_DEV_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(RepoRoot(t), ".dev")
+}
+
+// lookup returns a setting from the environment, else from the services' env file.
 func lookup(t testing.TB, key string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
 	}
-	f, err := os.Open(filepath.Join(RepoRoot(t), ".dev", "env"))
+	f, err := os.Open(filepath.Join(DevDir(t), "env"))
 	if err != nil {
 		return ""
 	}

@@ -41,3 +41,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- last (splitList ":" $addr) -}}
 {{- end -}}
+
+{{/* The image: pinned by digest when image.digest is set, else by tag (the chart's appVersion by default). */}}
+{{- define "outbox-cdc.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
