@@ -88,6 +88,11 @@ type Columns struct {
 	Payload          string `yaml:"payload"`
 	Headers          string `yaml:"headers"`
 	CreatedAt        string `yaml:"created_at"`
+	// Timestamp, when set, names the column whose value is each record's Kafka timestamp (Debezium's
+	// table.field.event.timestamp): a timestamptz, a timestamp (its wall time taken as UTC), or an
+	// integer of milliseconds since the Unix epoch. A NULL or unreadable value falls back to
+	// kafka.record_timestamp.
+	Timestamp string `yaml:"timestamp"`
 }
 
 // Kafka configures the producer and topic administration.
@@ -110,6 +115,11 @@ type Kafka struct {
 	Linger time.Duration `yaml:"linger"`
 	// Compression is the record batches' codec: none, gzip, snappy (the default), lz4 or zstd.
 	Compression string `yaml:"compression"`
+	// RecordTimestamp is each record's Kafka timestamp when postgres.columns.timestamp does not give
+	// one: RecordTimestampCommit (the default: the commit time of the row's transaction) or
+	// RecordTimestampProduce (when the router produces it). resync's rows, which have no commit time
+	// in the WAL, carry their produce time.
+	RecordTimestamp string `yaml:"record_timestamp"`
 	// TopicConfig is the configuration of the topics the router creates (retention.ms,
 	// min.insync.replicas, cleanup.policy, ...); Kafka's defaults apply to what it leaves out. The
 	// checkpoint topic keeps its own (one partition, compacted).
@@ -159,6 +169,14 @@ const (
 	// DeliveryExactlyOnce produces in Kafka transactions with a checkpoint: read_committed consumers see
 	// every event exactly once.
 	DeliveryExactlyOnce = "exactly-once"
+)
+
+// The values of kafka.record_timestamp.
+const (
+	// RecordTimestampCommit stamps each record with its transaction's commit time.
+	RecordTimestampCommit = "commit"
+	// RecordTimestampProduce stamps each record with the time the router produces it.
+	RecordTimestampProduce = "produce"
 )
 
 // The values of kafka.header_format.
@@ -269,6 +287,7 @@ func Default() Config {
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
 			Compression:            "snappy",
+			RecordTimestamp:        RecordTimestampCommit,
 			QuietFlush:             time.Millisecond,
 			AckTimeout:             10 * time.Second,
 			Delivery:               DeliveryAtLeastOnce,
@@ -405,6 +424,11 @@ func (c *Config) Validate() error {
 	case "none", "gzip", "snappy", "lz4", "zstd":
 	default:
 		bad("kafka.compression", "must be none, gzip, snappy, lz4 or zstd, got %q", c.Kafka.Compression)
+	}
+	switch c.Kafka.RecordTimestamp {
+	case RecordTimestampCommit, RecordTimestampProduce:
+	default:
+		bad("kafka.record_timestamp", "must be %s or %s, got %q", RecordTimestampCommit, RecordTimestampProduce, c.Kafka.RecordTimestamp)
 	}
 	for k, v := range c.Kafka.TopicConfig {
 		if k == "" || v == "" || strings.ContainsAny(k, " =,") {

@@ -77,6 +77,9 @@ func routerEnv(f *testenv.Fixture) []string {
 		"OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
 		"OUTBOX_CDC_DELIVERY="+testenv.Delivery(),
 		"OUTBOX_CDC_CHECKPOINT_TOPIC="+f.TopicPrefix+".checkpoints",
+		// The delivery checker reads the record timestamp as the order of production (which copy of
+		// a replayed event came last); commit times would make every copy equal.
+		"OUTBOX_CDC_RECORD_TIMESTAMP=produce",
 	)
 }
 

@@ -28,6 +28,10 @@ func testConfig(f *testenv.Fixture) config.Config {
 	cfg.ShutdownTimeout = 20 * time.Second
 	cfg.Kafka.Delivery = testenv.Delivery()
 	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
+	// The delivery checker reads the record timestamp as the order of production (which copy of a
+	// replayed event came last); commit times would make every copy equal. TestRecordTimestamps
+	// checks the default.
+	cfg.Kafka.RecordTimestamp = config.RecordTimestampProduce
 	return cfg
 }
 

@@ -128,6 +128,15 @@ func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRol
 			roles = append(roles, o)
 		}
 	}
+	if c.Timestamp != "" {
+		// Asked for by name: a table without it is refused at start, not silently stamped otherwise.
+		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == c.Timestamp })
+		if i < 0 {
+			roles = append(roles, replication.ColumnRole{Column: c.Timestamp, Key: "postgres.columns.timestamp", Required: true})
+		} else {
+			roles[i].Required = true
+		}
+	}
 	for _, col := range rules.TemplateColumns() {
 		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == col })
 		if i < 0 {

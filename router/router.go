@@ -172,6 +172,10 @@ type topicInfo struct {
 	refused string
 	// grew is set once the topic was seen with more partitions (warned once).
 	grew *atomic.Bool
+	// stamps bound the records' timestamps; restamped is set once a record of the topic had to
+	// carry its produce time instead (warned once).
+	stamps    stampLimits
+	restamped *atomic.Bool
 }
 
 // New creates a router and its Kafka client. It does not contact Kafka; Ping does.
@@ -326,9 +330,10 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		return nil, err
 	}
 	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
+	var info topicInfo
 	if problem == nil {
-		info, err := r.prepareTopic(ctx, rec.Topic)
-		if err != nil {
+		var err error
+		if info, err = r.prepareTopic(ctx, rec.Topic); err != nil {
 			return nil, err
 		}
 		switch {
@@ -338,6 +343,9 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 			problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
 			class = "too_large"
 		}
+	}
+	if problem == nil {
+		r.stamp(rec, row, src, info)
 	}
 	// The real size counts against the byte cap, however large: a record over the cap waits until
 	// nothing else is in flight and then goes alone.
@@ -363,6 +371,17 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	r.lastAlone = p.alone
 	r.trackInFlight()
 	return p, nil
+}
+
+// stamp sets rec's Kafka timestamp (recordTime), or leaves it to the produce time when the topic
+// would refuse it or delete the record too soon, which it logs once per topic.
+func (r *Router) stamp(rec *kgo.Record, row Row, src Source, info topicInfo) {
+	t, why := info.stamps.fit(recordTime(row, r.opts.Columns, r.opts.Kafka.RecordTimestamp, src), time.Now())
+	rec.Timestamp = t
+	if why != "" && info.restamped != nil && info.restamped.CompareAndSwap(false, true) {
+		r.log.Warn("records carry their produce time instead of their own timestamp: the topic would refuse or soon delete them (logged once per topic)",
+			"topic", rec.Topic, "event_id", eventID(rec), "reason", why)
+	}
 }
 
 // Topic is where the prepared record goes, or "" when it goes to the dead-letter topic.
@@ -494,7 +513,10 @@ func Plan(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes 
 // which one is at fault.
 func recordRejected(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage) ||
+		// A timestamp outside the topic's bounds (its configuration changed since the router read it,
+		// or the broker's clock): produced alone, the record is stamped afresh.
+		errors.Is(err, kerr.InvalidTimestamp)
 }
 
 // maxReasonBytes bounds the reason header of a dead-letter record.
@@ -656,7 +678,7 @@ func (r *Router) prepareTopic(ctx context.Context, topic string) (topicInfo, err
 		r.log.Warn("topic set-up failed; the session stops and retries", "topic", topic, "error", p.err.Error())
 		return topicInfo{}, p.err
 	}
-	p.info.grew = new(atomic.Bool)
+	p.info.grew, p.info.restamped = new(atomic.Bool), new(atomic.Bool)
 	r.topics.Store(topic, p.info)
 	if p.info.refused != "" {
 		r.log.Warn("topic refused: records routed to it are undeliverable", "topic", topic, "reason", p.info.refused)
@@ -720,7 +742,7 @@ var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout
 // max.message.bytes. A topic Kafka will never take (an invalid or colliding name, or a missing topic
 // that may not be created) is reported in topicInfo.refused, not as an error.
 func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error) {
-	info := topicInfo{limit: r.opts.Kafka.MaxMessageBytes}
+	info := topicInfo{limit: r.opts.Kafka.MaxMessageBytes, stamps: defaultStampLimits()}
 	wrap := func(what string, err error) error {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			err = errTopicSetupTimeout
@@ -772,8 +794,13 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		return info, nil
 	}
 	if rc, err := configs.On(topic, nil); err == nil && rc.Err == nil {
+		info.stamps = stampLimits{}
 		for _, c := range rc.Configs {
-			if c.Key != "max.message.bytes" || c.Value == nil {
+			if c.Value == nil {
+				continue
+			}
+			info.stamps.set(c.Key, *c.Value)
+			if c.Key != "max.message.bytes" {
 				continue
 			}
 			if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n >= 1024 && int32(n) < info.limit {

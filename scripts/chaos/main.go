@@ -605,7 +605,9 @@ func (s *suite) startRouter() (*routerProc, error) {
 		"OUTBOX_CDC_TABLE="+s.table, "OUTBOX_CDC_SLOT="+s.slot, "OUTBOX_CDC_PUBLICATION="+s.pub,
 		"OUTBOX_CDC_TOPIC="+s.pfx+".{event_type}", "OUTBOX_CDC_STATUS_INTERVAL=2s", "OUTBOX_CDC_RECEIVE_TIMEOUT=5s",
 		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms", "OUTBOX_CDC_SHUTDOWN_TIMEOUT=10s", "OUTBOX_CDC_LOG_FORMAT=json",
-		"OUTBOX_CDC_METRICS_ADDR="+metrics, "OUTBOX_CDC_DELIVERY="+s.o.delivery, "OUTBOX_CDC_CHECKPOINT_TOPIC="+s.pfx+".checkpoints")
+		"OUTBOX_CDC_METRICS_ADDR="+metrics, "OUTBOX_CDC_DELIVERY="+s.o.delivery, "OUTBOX_CDC_CHECKPOINT_TOPIC="+s.pfx+".checkpoints",
+		// The delivery checker reads the record timestamp as the order of production.
+		"OUTBOX_CDC_RECORD_TIMESTAMP=produce")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
