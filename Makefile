@@ -6,7 +6,7 @@ BIN := bin/outbox-cdc
 DEV := $(if $(OUTBOX_CDC_DEV_DIR),$(OUTBOX_CDC_DEV_DIR),.dev)
 DEVBIN := $(abspath $(DEV))/bin
 
-.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-compare chaos chaos-long clean helm chart release promtool rules
+.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-compare chaos chaos-long clean helm chart release promtool rules debezium-libs test-debezium
 
 build: ## build bin/outbox-cdc (version and commit from git: outbox-cdc version)
 	$(GO) build -buildvcs=auto -o $(BIN) .
@@ -40,7 +40,7 @@ run: build up
 # then the integration suites again with the router in exactly-once mode. Nested modules (interop/*:
 # tests against other projects' libraries, kept out of outbox-cdc's dependencies) run after the main one.
 INTEROP := interop/cloudevents
-test: up vet helm rules
+test: up vet helm rules debezium-libs
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
@@ -64,6 +64,12 @@ helm: ## install helm into .dev/bin (go install from the Go module proxy)
 PROMETHEUS_VERSION := v0.316.0
 promtool: ## install promtool into .dev/bin (go install from the Go module proxy)
 	@test -x $(DEVBIN)/promtool || { echo "installing promtool ($(PROMETHEUS_VERSION)) into $(DEVBIN) (once; about 2 minutes; without the service-discovery plugins, which rule tests do not need)"; GOBIN=$(DEVBIN) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION); }
+
+test-debezium: up debezium-libs ## only the Debezium side-by-side and switch-over tests (part of make test)
+	$(GO) test -race -count=1 -v -run 'TestDebezium|TestSwitchOverFromDebezium' ./pipeline/
+
+debezium-libs: ## fetch Kafka Connect and Debezium from Maven Central into .dev/debezium-libs (once), for the side-by-side tests and make bench-compare
+	scripts/services.sh debezium-libs
 
 rules: promtool ## check the alert rules and run their tests (deploy/prometheus/outbox-cdc-alerts.test.yml)
 	$(DEVBIN)/promtool check rules deploy/prometheus/outbox-cdc-alerts.yml

@@ -47,7 +47,7 @@ overridden by flags.`,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "", "YAML configuration file ($OUTBOX_CDC_CONFIG)")
-	root.AddCommand(newRunCommand(), newResyncCommand(), newStatusCommand(), newInitCommand(), newVersionCommand(), newConfigCommand())
+	root.AddCommand(newRunCommand(), newResyncCommand(), newStatusCommand(), newInitCommand(), newVersionCommand(), newConfigCommand(), newFromDebeziumCommand())
 	return root
 }
 

@@ -150,12 +150,16 @@ type Kafka struct {
 	// transaction left open longer, and it must cover the largest PostgreSQL transaction's delivery.
 	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 	// HeaderFormat is how a record carries its event's attributes: HeaderFormatOutbox (headers
-	// event_id, event_type, aggregate_type, aggregate_version, created_at) or HeaderFormatCloudEvents
-	// (the CloudEvents Kafka binding in binary mode: ce_* headers and content-type).
+	// event_id, event_type, aggregate_type, aggregate_version, created_at), HeaderFormatCloudEvents
+	// (the CloudEvents Kafka binding in binary mode: ce_* headers and content-type) or
+	// HeaderFormatDebezium (key, value, headers and topic as Debezium's outbox EventRouter writes
+	// them, with Debezium's column names by default).
 	HeaderFormat string `yaml:"header_format"`
 	// CloudEventsSource is the ce_source attribute in the cloudevents format; empty means
 	// /<database>/<postgres.table>.
 	CloudEventsSource string `yaml:"cloudevents_source"`
+	// Debezium configures the debezium format: records as Debezium's outbox EventRouter writes them.
+	Debezium Debezium `yaml:"debezium"`
 	// TLS and SASL secure the connections to the brokers.
 	TLS KafkaTLS `yaml:"tls"`
 	// SASL authenticates to the brokers.
@@ -185,7 +189,81 @@ const (
 	HeaderFormatOutbox = "outbox"
 	// HeaderFormatCloudEvents carries them as CloudEvents attributes (Kafka binding, binary mode).
 	HeaderFormatCloudEvents = "cloudevents"
+	// HeaderFormatDebezium writes what Debezium's outbox EventRouter writes: an id header, the key
+	// and value as Kafka Connect's converter (kafka.debezium.converter) serializes them.
+	HeaderFormatDebezium = "debezium"
 )
+
+// Debezium configures the debezium format, after the EventRouter's options of the same meaning.
+type Debezium struct {
+	// Converter is the Kafka Connect converter whose bytes the key and value match:
+	// DebeziumConverterString (StringConverter, the default) or DebeziumConverterJSON
+	// (JsonConverter with schemas.enable=false).
+	Converter string `yaml:"converter"`
+	// AdditionalPlacement is table.fields.additional.placement: comma-separated
+	// column:header[:alias], column:envelope[:alias] or column:partition.
+	AdditionalPlacement string `yaml:"additional_placement"`
+	// ExpandJSONPayload is table.expand.json.payload: a JSON payload is written as JSON, not as a
+	// string holding JSON (with the json converter).
+	ExpandJSONPayload bool `yaml:"expand_json_payload"`
+	// TombstoneOnEmptyPayload is route.tombstone.on.empty.payload: a NULL or blank payload gives a
+	// record without a value (a tombstone) whatever else the record would hold.
+	TombstoneOnEmptyPayload bool `yaml:"tombstone_on_empty_payload"`
+}
+
+// The values of kafka.debezium.converter.
+const (
+	// DebeziumConverterString matches Kafka Connect's StringConverter.
+	DebeziumConverterString = "string"
+	// DebeziumConverterJSON matches Kafka Connect's JsonConverter with schemas.enable=false.
+	DebeziumConverterJSON = "json"
+)
+
+// DebeziumColumns are the column names of Debezium's default outbox table, the debezium format's
+// defaults: id, type, aggregatetype, aggregateid, payload, and no version, headers or creation time.
+func DebeziumColumns() Columns {
+	return Columns{EventID: "id", EventType: "type", AggregateType: "aggregatetype", AggregateID: "aggregateid", Payload: "payload"}
+}
+
+// DebeziumTopic is the debezium format's default routing.topic: Debezium's
+// route.topic.replacement outbox.event.${routedByValue}, routed by aggregatetype.
+const DebeziumTopic = "outbox.event.{aggregate_type}"
+
+// ApplyFormatDefaults gives the settings whose defaults depend on kafka.header_format the
+// format's defaults, leaving those set says were set explicitly (nil: none was). With the debezium
+// format, postgres.columns.* default to Debezium's column names and routing.topic to
+// outbox.event.{aggregate_type}.
+func (c *Config) ApplyFormatDefaults(set func(key string) bool) {
+	if c.Kafka.HeaderFormat != HeaderFormatDebezium {
+		return
+	}
+	if set == nil {
+		set = func(string) bool { return false }
+	}
+	dbz := DebeziumColumns()
+	cols := []struct {
+		key      string
+		field    *string
+		debezium string
+	}{
+		{"postgres.columns.event_id", &c.Postgres.Columns.EventID, dbz.EventID},
+		{"postgres.columns.event_type", &c.Postgres.Columns.EventType, dbz.EventType},
+		{"postgres.columns.aggregate_type", &c.Postgres.Columns.AggregateType, dbz.AggregateType},
+		{"postgres.columns.aggregate_id", &c.Postgres.Columns.AggregateID, dbz.AggregateID},
+		{"postgres.columns.aggregate_version", &c.Postgres.Columns.AggregateVersion, dbz.AggregateVersion},
+		{"postgres.columns.payload", &c.Postgres.Columns.Payload, dbz.Payload},
+		{"postgres.columns.headers", &c.Postgres.Columns.Headers, dbz.Headers},
+		{"postgres.columns.created_at", &c.Postgres.Columns.CreatedAt, dbz.CreatedAt},
+	}
+	for _, col := range cols {
+		if !set(col.key) {
+			*col.field = col.debezium
+		}
+	}
+	if !set("routing.topic") {
+		c.Routing.Topic = DebeziumTopic
+	}
+}
 
 // ExactlyOnce reports whether kafka.delivery is exactly-once.
 func (k Kafka) ExactlyOnce() bool { return k.Delivery == DeliveryExactlyOnce }
@@ -287,6 +365,7 @@ func Default() Config {
 			MaxMessageBytes:        1000000,
 			Linger:                 10 * time.Millisecond,
 			Compression:            "snappy",
+			Debezium:               Debezium{Converter: DebeziumConverterString},
 			RecordTimestamp:        RecordTimestampCommit,
 			QuietFlush:             time.Millisecond,
 			AckTimeout:             10 * time.Second,
@@ -455,9 +534,14 @@ func (c *Config) Validate() error {
 				bad("kafka.cloudevents_source", "must be a URI-reference (RFC 3986: no spaces or control characters, non-ASCII percent-encoded), got %q", src)
 			}
 		}
+	case HeaderFormatDebezium:
+		if c.Kafka.CloudEventsSource != "" {
+			bad("kafka.cloudevents_source", "is set but kafka.header_format is %s, not %s", c.Kafka.HeaderFormat, HeaderFormatCloudEvents)
+		}
 	default:
-		bad("kafka.header_format", "must be %s or %s, got %q", HeaderFormatOutbox, HeaderFormatCloudEvents, c.Kafka.HeaderFormat)
+		bad("kafka.header_format", "must be %s, %s or %s, got %q", HeaderFormatOutbox, HeaderFormatCloudEvents, HeaderFormatDebezium, c.Kafka.HeaderFormat)
 	}
+	c.validateDebezium(bad)
 	switch c.Postgres.FailoverSlot {
 	case "auto", "on", "off":
 	default:
@@ -624,4 +708,85 @@ func Target(url, key string) string {
 		}
 	}
 	return fmt.Sprintf("%s@%s/%s", pc.User, strings.Join(hosts, ","), pc.Database)
+}
+
+// AdditionalField is one entry of kafka.debezium.additional_placement.
+type AdditionalField struct {
+	// Column is the outbox column; Placement is PlacementHeader, PlacementEnvelope or
+	// PlacementPartition; Alias is the header or envelope field name (the column's by default).
+	Column, Placement, Alias string
+}
+
+// The placements of kafka.debezium.additional_placement.
+const (
+	// PlacementHeader adds the column as a header.
+	PlacementHeader = "header"
+	// PlacementEnvelope adds the column as a field of the value, beside payload.
+	PlacementEnvelope = "envelope"
+	// PlacementPartition sends the record to the partition the column (an integer) names.
+	PlacementPartition = "partition"
+)
+
+// AdditionalFields parses kafka.debezium.additional_placement as Debezium does:
+// column:placement[:alias] entries separated by commas.
+func (d Debezium) AdditionalFields() ([]AdditionalField, error) {
+	var out []AdditionalField
+	for _, entry := range strings.Split(d.AdditionalPlacement, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		parts := strings.Split(entry, ":")
+		if len(parts) < 2 || len(parts) > 3 || strings.TrimSpace(parts[0]) == "" {
+			return nil, fmt.Errorf("%q is not column:placement or column:placement:alias", entry)
+		}
+		f := AdditionalField{Column: strings.TrimSpace(parts[0]), Placement: strings.ToLower(strings.TrimSpace(parts[1]))}
+		f.Alias = f.Column
+		if len(parts) == 3 && strings.TrimSpace(parts[2]) != "" {
+			f.Alias = strings.TrimSpace(parts[2])
+		}
+		switch f.Placement {
+		case PlacementHeader, PlacementEnvelope, PlacementPartition:
+		default:
+			return nil, fmt.Errorf("%q: placement %q must be header, envelope or partition", entry, f.Placement)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// validateDebezium checks kafka.debezium.
+func (c *Config) validateDebezium(bad func(key, format string, args ...any)) {
+	d := c.Kafka.Debezium
+	switch d.Converter {
+	case DebeziumConverterString, DebeziumConverterJSON:
+	default:
+		bad("kafka.debezium.converter", "must be %s or %s, got %q", DebeziumConverterString, DebeziumConverterJSON, d.Converter)
+	}
+	fields, err := d.AdditionalFields()
+	if err != nil {
+		bad("kafka.debezium.additional_placement", "%v", err)
+	}
+	debezium := c.Kafka.HeaderFormat == HeaderFormatDebezium
+	if !debezium && (d.AdditionalPlacement != "" || d.ExpandJSONPayload || d.TombstoneOnEmptyPayload || d.Converter != DebeziumConverterString) {
+		bad("kafka.debezium", "is set but kafka.header_format is %s, not %s", c.Kafka.HeaderFormat, HeaderFormatDebezium)
+		return
+	}
+	partitions := 0
+	for _, f := range fields {
+		switch f.Placement {
+		case PlacementEnvelope:
+			if d.Converter != DebeziumConverterJSON {
+				bad("kafka.debezium.additional_placement", "%s:envelope needs kafka.debezium.converter json: with Connect's StringConverter the value would be the Java struct's toString()", f.Column)
+			}
+		case PlacementPartition:
+			partitions++
+		}
+	}
+	if partitions > 1 {
+		bad("kafka.debezium.additional_placement", "names more than one partition column")
+	}
+	if d.ExpandJSONPayload && d.Converter != DebeziumConverterJSON {
+		bad("kafka.debezium.expand_json_payload", "needs kafka.debezium.converter json: with Connect's StringConverter an expanded payload would be the Java struct's toString()")
+	}
 }

@@ -329,3 +329,74 @@ func TestTopicConfigFromTheEnvironment(t *testing.T) {
 		t.Fatalf("a pair without '=': %v", err)
 	}
 }
+
+// TestDebeziumFormatDefaults: kafka.header_format debezium alone reads Debezium's default outbox
+// table and topics; what the file, the environment or a flag sets explicitly stays.
+func TestDebeziumFormatDefaults(t *testing.T) {
+	base := map[string]string{"OUTBOX_CDC_POSTGRES": "postgres://u@h/db", "OUTBOX_CDC_BROKERS": "k:9092", "OUTBOX_CDC_HEADER_FORMAT": "debezium"}
+	cfg, err := Load("", env(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Postgres.Columns != DebeziumColumns() || cfg.Routing.Topic != "outbox.event.{aggregate_type}" || cfg.Kafka.Debezium.Converter != DebeziumConverterString {
+		t.Fatalf("columns %+v topic %q converter %q", cfg.Postgres.Columns, cfg.Routing.Topic, cfg.Kafka.Debezium.Converter)
+	}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("postgres:\n  columns:\n    payload: body\nrouting:\n  topic: \"{event_type}\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withEnv := map[string]string{"OUTBOX_CDC_COLUMN_EVENT_ID": "event_uuid"}
+	for k, v := range base {
+		withEnv[k] = v
+	}
+	cfg, err = Load(path, env(withEnv), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.Postgres.Columns; c.Payload != "body" || c.EventID != "event_uuid" || c.AggregateID != "aggregateid" || cfg.Routing.Topic != "{event_type}" {
+		t.Fatalf("explicit settings replaced: columns %+v topic %q", c, cfg.Routing.Topic)
+	}
+	// The outbox format keeps its own defaults.
+	cfg, err = Load("", env(map[string]string{"OUTBOX_CDC_POSTGRES": "postgres://u@h/db", "OUTBOX_CDC_BROKERS": "k:9092"}), nil)
+	if err != nil || cfg.Postgres.Columns.EventID != "event_id" || cfg.Routing.Topic != "{event_type}" {
+		t.Fatalf("outbox format: %v %+v", err, cfg.Postgres.Columns)
+	}
+}
+
+func TestDebeziumValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		mutate     func(c *Config)
+	}{
+		{"converter", "kafka.debezium.converter", func(c *Config) { c.Kafka.Debezium.Converter = "avro" }},
+		{"placement", "kafka.debezium.additional_placement", func(c *Config) { c.Kafka.Debezium.AdditionalPlacement = "type:body" }},
+		{"entry", "kafka.debezium.additional_placement", func(c *Config) { c.Kafka.Debezium.AdditionalPlacement = "a:header:b:c" }},
+		{"envelope needs json", "kafka.debezium.additional_placement", func(c *Config) { c.Kafka.Debezium.AdditionalPlacement = "type:envelope" }},
+		{"two partition columns", "kafka.debezium.additional_placement", func(c *Config) {
+			c.Kafka.Debezium.AdditionalPlacement = "a:partition,b:partition"
+		}},
+		{"expand needs json", "kafka.debezium.expand_json_payload", func(c *Config) { c.Kafka.Debezium.ExpandJSONPayload = true }},
+		{"debezium settings without the format", "kafka.debezium", func(c *Config) {
+			c.Kafka.HeaderFormat = HeaderFormatOutbox
+			c.Kafka.Debezium.TombstoneOnEmptyPayload = true
+		}},
+	} {
+		c := Default()
+		c.Postgres.URL, c.Kafka.Brokers, c.Kafka.HeaderFormat = "postgres://u@h/db", []string{"k:9092"}, HeaderFormatDebezium
+		c.ApplyFormatDefaults(nil)
+		tc.mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+	c := Default()
+	c.Postgres.URL, c.Kafka.Brokers, c.Kafka.HeaderFormat = "postgres://u@h/db", []string{"k:9092"}, HeaderFormatDebezium
+	c.Kafka.Debezium = Debezium{Converter: DebeziumConverterJSON, AdditionalPlacement: "type:header:eventType, type:envelope:t ,part:partition", ExpandJSONPayload: true}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	fields, _ := c.Kafka.Debezium.AdditionalFields()
+	if len(fields) != 3 || fields[0] != (AdditionalField{"type", "header", "eventType"}) || fields[2] != (AdditionalField{"part", "partition", "part"}) {
+		t.Fatalf("fields %+v", fields)
+	}
+}

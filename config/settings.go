@@ -2,11 +2,13 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
 )
 
 // setting is one configuration key that can also be set by an environment variable and, for the
@@ -128,7 +130,11 @@ var settings = []setting{
 	{"kafka.transaction_interval", "OUTBOX_CDC_TRANSACTION_INTERVAL", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.TransactionInterval })},
 	{"kafka.transaction_max_records", "OUTBOX_CDC_TRANSACTION_MAX_RECORDS", "", "", integer(func(c *Config) *int { return &c.Kafka.TransactionMaxRecords })},
 	{"kafka.transaction_timeout", "OUTBOX_CDC_TRANSACTION_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Kafka.TransactionTimeout })},
-	{"kafka.header_format", "OUTBOX_CDC_HEADER_FORMAT", "header-format", "outbox (event_id, event_type, ... headers) or cloudevents (CloudEvents binary mode: ce_* headers)", str(func(c *Config) *string { return &c.Kafka.HeaderFormat })},
+	{"kafka.header_format", "OUTBOX_CDC_HEADER_FORMAT", "header-format", "outbox (event_id, event_type, ... headers), cloudevents (CloudEvents binary mode: ce_* headers) or debezium (as Debezium's outbox EventRouter writes them)", str(func(c *Config) *string { return &c.Kafka.HeaderFormat })},
+	{"kafka.debezium.converter", "OUTBOX_CDC_DEBEZIUM_CONVERTER", "", "", str(func(c *Config) *string { return &c.Kafka.Debezium.Converter })},
+	{"kafka.debezium.additional_placement", "OUTBOX_CDC_DEBEZIUM_ADDITIONAL_PLACEMENT", "", "", str(func(c *Config) *string { return &c.Kafka.Debezium.AdditionalPlacement })},
+	{"kafka.debezium.expand_json_payload", "OUTBOX_CDC_DEBEZIUM_EXPAND_JSON_PAYLOAD", "", "", boolean(func(c *Config) *bool { return &c.Kafka.Debezium.ExpandJSONPayload })},
+	{"kafka.debezium.tombstone_on_empty_payload", "OUTBOX_CDC_DEBEZIUM_TOMBSTONE_ON_EMPTY_PAYLOAD", "", "", boolean(func(c *Config) *bool { return &c.Kafka.Debezium.TombstoneOnEmptyPayload })},
 	{"kafka.cloudevents_source", "OUTBOX_CDC_CLOUDEVENTS_SOURCE", "", "", str(func(c *Config) *string { return &c.Kafka.CloudEventsSource })},
 	{"kafka.tls.enabled", "OUTBOX_CDC_KAFKA_TLS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
 	{"kafka.tls.ca_file", "OUTBOX_CDC_KAFKA_TLS_CA_FILE", "", "", str(func(c *Config) *string { return &c.Kafka.TLS.CAFile })},
@@ -207,8 +213,48 @@ func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (C
 			return c, err
 		}
 	}
+	explicit, err := explicitKeys(path, lookup, fs)
+	if err != nil {
+		return c, err
+	}
+	c.ApplyFormatDefaults(func(key string) bool { return explicit[key] })
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return c, nil
+}
+
+// explicitKeys returns the keys the file at path, the environment and the flags of fs set: the
+// settings whose format-dependent defaults (ApplyFormatDefaults) must not replace them.
+func explicitKeys(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (map[string]bool, error) {
+	keys := map[string]bool{}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read config file: %w", err)
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal(data, &doc); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+		var walk func(prefix string, m map[string]any)
+		walk = func(prefix string, m map[string]any) {
+			for k, v := range m {
+				keys[prefix+k] = true
+				if sub, ok := v.(map[string]any); ok {
+					walk(prefix+k+".", sub)
+				}
+			}
+		}
+		walk("", doc)
+	}
+	for _, s := range settings {
+		if v, ok := lookup(s.Env); ok && v != "" {
+			keys[s.Key] = true
+		}
+		if fs != nil && s.Flag != "" && fs.Changed(s.Flag) {
+			keys[s.Key] = true
+		}
+	}
+	return keys, nil
 }

@@ -482,6 +482,38 @@ func TestConfigCommandShowsNoSecret(t *testing.T) {
 	}
 }
 
+// TestFromDebeziumCommand: from-debezium reads a connector's JSON from standard input, prints the
+// configuration and its notes without the connector's password, and exits 1 for a connector it
+// cannot take over from.
+func TestFromDebeziumCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary, which -short does not build")
+	}
+	connector := `{"name": "o", "config": {"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+		"database.hostname": "pg", "database.dbname": "orders", "database.user": "dbz", "database.password": "Hx7Q9pw-dbz",
+		"table.include.list": "public.outbox", "slot.name": "s1", "transforms": "outbox",
+		"transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter"}}`
+	cmd := exec.Command(binary, "from-debezium")
+	cmd.Stdin = strings.NewReader(connector)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("from-debezium: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "header_format: debezium") || !strings.Contains(stdout.String(), "slot: s1") || !strings.Contains(stderr.String(), "kafka.brokers") {
+		t.Errorf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	if strings.Contains(stdout.String()+stderr.String(), "Q9pw") {
+		t.Errorf("the password was printed")
+	}
+	cmd = exec.Command(binary, "from-debezium", "-")
+	cmd.Stdin = strings.NewReader(`{"connector.class": "io.debezium.connector.postgresql.PostgresConnector", "plugin.name": "decoderbufs", "database.password": "Hx7Q9pw-dbz"}`)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "pgoutput") || strings.Contains(string(out), "Q9pw") {
+		t.Errorf("a decoderbufs connector: %v\n%s", err, out)
+	}
+}
+
 // TestVersionCommand: the binary the tests build reports a version, the commit and the platform, as
 // text and as JSON.
 func TestVersionCommand(t *testing.T) {

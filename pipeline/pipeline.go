@@ -128,6 +128,20 @@ func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRol
 			roles = append(roles, o)
 		}
 	}
+	if cfg.Kafka.HeaderFormat == config.HeaderFormatDebezium {
+		// Debezium needs no event type (its default table has one; the router uses it for the
+		// metrics' labels only).
+		roles[1].Required = false
+		// Debezium stops on an additional field the table lacks; so does the router, at start.
+		fields, _ := cfg.Kafka.Debezium.AdditionalFields()
+		for _, f := range fields {
+			if i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == f.Column }); i >= 0 {
+				roles[i].Required = true
+			} else {
+				roles = append(roles, replication.ColumnRole{Column: f.Column, Key: "kafka.debezium.additional_placement", Required: true})
+			}
+		}
+	}
 	if c.Timestamp != "" {
 		// Asked for by name: a table without it is refused at start, not silently stamped otherwise.
 		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == c.Timestamp })
@@ -156,7 +170,14 @@ func (p *Pipeline) outbox() replication.Outbox {
 
 // format is kafka.header_format for the router.
 func (p *Pipeline) format() router.Format {
-	return router.Format{CloudEvents: p.cfg.Kafka.HeaderFormat == config.HeaderFormatCloudEvents, Source: p.cfg.EventSource()}
+	f := router.Format{CloudEvents: p.cfg.Kafka.HeaderFormat == config.HeaderFormatCloudEvents, Source: p.cfg.EventSource()}
+	if p.cfg.Kafka.HeaderFormat == config.HeaderFormatDebezium {
+		d := p.cfg.Kafka.Debezium
+		fields, _ := d.AdditionalFields() // validated with the configuration
+		f.Debezium = &router.DebeziumFormat{JSON: d.Converter == config.DebeziumConverterJSON, Fields: fields,
+			ExpandJSONPayload: d.ExpandJSONPayload, TombstoneOnEmptyPayload: d.TombstoneOnEmptyPayload}
+	}
+	return f
 }
 
 // permanent reports errors that replaying cannot fix: the operator must act.

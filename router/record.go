@@ -27,6 +27,8 @@ type Format struct {
 	CloudEvents bool
 	// Source is the ce_source attribute of every record in CloudEvents format.
 	Source string
+	// Debezium, if not nil, selects the debezium format (and CloudEvents is false).
+	Debezium *DebeziumFormat
 }
 
 // typedRow is a Row that also knows its columns' PostgreSQL types (replication and snapshot rows do).
@@ -39,6 +41,9 @@ type typedRow interface {
 // object. A row that can never be a valid record returns an *undeliverable error; the record returned
 // with it still carries what could be read, for the dead-letter topic.
 func buildRecord(row Row, cols config.Columns, f Format) (*kgo.Record, error) {
+	if f.Debezium != nil {
+		return buildDebeziumRecord(row, cols, f.Debezium)
+	}
 	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 8)}
 	var problem error
 	if id, ok := row.Value(cols.AggregateID); ok && len(id) > 0 {
@@ -251,20 +256,14 @@ func recordSize(r *kgo.Record) int {
 	return n
 }
 
-// eventID is a record's event id, in either header format.
+// eventID is a record's event id, in any format.
 func eventID(r *kgo.Record) string {
-	if id := header(r, outbox.HeaderEventID); id != "" {
-		return id
+	for _, key := range []string{outbox.HeaderEventID, ceID, DebeziumHeaderID} {
+		if id := header(r, key); id != "" {
+			return id
+		}
 	}
-	return header(r, ceID)
-}
-
-// eventType is a record's event type, in either header format.
-func eventType(r *kgo.Record) string {
-	if t := header(r, outbox.HeaderEventType); t != "" {
-		return t
-	}
-	return header(r, ceType)
+	return ""
 }
 
 // header returns the value of the first header named key.

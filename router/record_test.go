@@ -195,8 +195,8 @@ func TestBuildCloudEventsRecord(t *testing.T) {
 		"ce_aggregatetype": "order", "ce_aggregateversion": "7", "traceparent": "00-abc-def-01",
 	}
 	checkHeaders(t, rec, want)
-	if eventID(rec) != want["ce_id"] || eventType(rec) != "OrderPaid" {
-		t.Errorf("eventID %q eventType %q", eventID(rec), eventType(rec))
+	if eventID(rec) != want["ce_id"] || header(rec, ceType) != "OrderPaid" {
+		t.Errorf("eventID %q ce_type %q", eventID(rec), header(rec, ceType))
 	}
 }
 

@@ -217,6 +217,11 @@ func New(opts Options) (*Router, error) {
 	if t := opts.Transactions; t != nil {
 		kopts = append(kopts, kgo.TransactionalID(t.Slot.TransactionalID()), kgo.TransactionTimeout(t.Timeout))
 	}
+	if d := opts.Format.Debezium; d != nil && slices.ContainsFunc(d.Fields, func(f config.AdditionalField) bool { return f.Placement == config.PlacementPartition }) {
+		// franz-go's default partitioner (Kafka's murmur2 of the key for keyed records, like Java's),
+		// except for records whose row names their partition.
+		kopts = append(kopts, kgo.RecordPartitioner(placingPartitioner{kgo.UniformBytesPartitioner(64<<10, true, true, nil)}))
+	}
 	kopts = append(kopts, opts.ExtraOpts...)
 	// Always set: franz-go's own default is 10 ms, so leaving it unset for 0 would linger anyway.
 	client, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ProducerLinger(opts.Kafka.Linger))...)
@@ -319,6 +324,7 @@ type Prepared struct {
 	alone     bool   // produced alone: a rejection proves the record itself is at fault
 	dlqReason string // non-empty: the record goes to the dead-letter topic for this reason
 	dlqClass  string
+	typ       string // the event type, for the metrics' labels
 }
 
 // Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
@@ -339,6 +345,9 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		switch {
 		case info.refused != "":
 			problem, class = &undeliverable{reason: info.refused}, "unroutable"
+		case placed(rec) && info.partitions > 0 && rec.Partition >= info.partitions:
+			problem = &undeliverable{reason: fmt.Sprintf("the row names partition %d (kafka.debezium.additional_placement) but topic %s has %d partitions", rec.Partition, rec.Topic, info.partitions)}
+			class = "unroutable"
 		case size > int(info.limit):
 			problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
 			class = "too_large"
@@ -350,6 +359,9 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	// The real size counts against the byte cap, however large: a record over the cap waits until
 	// nothing else is in flight and then goes alone.
 	p := &Prepared{rec: rec, src: src, size: int64(size)}
+	if t, ok := row.Value(r.opts.Columns.EventType); ok && r.opts.Columns.EventType != "" {
+		p.typ = string(t)
+	}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
 			err := &UndeliverableError{EventID: eventID(rec), Reason: problem.Error()}
@@ -409,7 +421,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 	}
 	r.txnRecords++
 	if p.dlqReason != "" {
-		r.produceDLQ(p.rec, p.src, p.dlqReason, p.dlqClass, p.size, ack)
+		r.produceDLQ(p.rec, p.typ, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
 	}
 	client := r.client
@@ -430,7 +442,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 				if !p.src.CommitTime.IsZero() {
 					e2e = now.Sub(p.src.CommitTime)
 				}
-				r.opts.Observer.Produced(rec.Topic, eventType(rec), n, now.Sub(start), e2e)
+				r.opts.Observer.Produced(rec.Topic, p.typ, n, now.Sub(start), e2e)
 			}
 			ack()
 			return
@@ -438,9 +450,9 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 		switch {
 		case errors.Is(err, kerr.InvalidTopicException):
 			// The topic, not the batch, is at fault: no record can ever go to it.
-			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka refused topic %s: %v", rec.Topic, err), "unroutable", p.size, ack)
+			r.produceDLQ(rec, p.typ, p.src, fmt.Sprintf("kafka refused topic %s: %v", rec.Topic, err), "unroutable", p.size, ack)
 		case recordRejected(err) && p.alone:
-			r.produceDLQ(rec, p.src, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", p.size, ack)
+			r.produceDLQ(rec, p.typ, p.src, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", p.size, ack)
 		case recordRejected(err):
 			r.release(p.size)
 			for {
@@ -524,7 +536,7 @@ const maxReasonBytes = 2048
 
 // produceDLQ writes the dead-letter record for rec; the room held under size is released when it is
 // acknowledged. It never blocks, so it may run on the promise goroutine.
-func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, size int64, ack func()) {
+func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, class string, size int64, ack func()) {
 	if r.opts.DLQTopic == "" {
 		r.release(size)
 		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason})
@@ -558,7 +570,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, src Source, reason, class string, 
 		}
 		r.opts.Counters.DeadLettered.Add(1)
 		if r.opts.Observer != nil {
-			r.opts.Observer.DeadLettered(eventType(orig), class)
+			r.opts.Observer.DeadLettered(typ, class)
 		}
 		ack()
 	})

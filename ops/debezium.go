@@ -1,0 +1,357 @@
+package ops
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+// Conversion is what FromDebezium made of a Debezium connector's configuration: the outbox-cdc
+// configuration file that writes the same records from the same slot, and what could not be
+// carried over.
+type Conversion struct {
+	// YAML is the configuration file.
+	YAML []byte
+	// Notes say what was not carried over or must be added by hand, one line each.
+	Notes []string
+	// Blocking is true when outbox-cdc cannot take over as configured (another decoding plugin,
+	// no outbox EventRouter): the notes say why.
+	Blocking bool
+}
+
+// debeziumDefaults are the EventRouter's and the PostgreSQL connector's defaults for the options the
+// conversion reads.
+var debeziumDefaults = map[string]string{
+	"table.field.event.id":      "id",
+	"table.field.event.key":     "aggregateid",
+	"table.field.event.payload": "payload",
+	"route.by.field":            "aggregatetype",
+	"route.topic.regex":         "(?<routedByValue>.*)",
+	"route.topic.replacement":   "outbox.event.${routedByValue}",
+}
+
+// irrelevant are connector options that change nothing for outbox-cdc (it never snapshots, keeps
+// no offsets of its own and confirms the slot itself).
+var irrelevant = []string{
+	"name", "connector.class", "tasks.max", "topic.prefix", "database.server.name", "snapshot.mode",
+	"tombstones.on.delete", "slot.drop.on.stop", "publication.autocreate.mode", "database.password",
+	"heartbeat.interval.ms", "heartbeat.action.query", "offset.flush.interval.ms", "poll.interval.ms",
+	"max.batch.size", "max.queue.size", "schema.include.list", "transforms", "provide.transaction.metadata",
+	"errors.tolerance", "errors.log.enable", "errors.log.include.messages", "slot.stream.params",
+	"database.initial.statements", "skipped.operations", "topic.creation.enable",
+}
+
+// ParseDebeziumConfig reads a connector's configuration: the JSON Kafka Connect's REST API takes or
+// returns ({"name": ..., "config": {...}}, or the config object alone), or a .properties file.
+func ParseDebeziumConfig(data []byte) (map[string]string, error) {
+	trimmed := bytes.TrimSpace(data)
+	if bytes.HasPrefix(trimmed, []byte("{")) {
+		var doc map[string]any
+		if err := json.Unmarshal(trimmed, &doc); err != nil {
+			return nil, fmt.Errorf("read the connector's JSON: %w", err)
+		}
+		if inner, ok := doc["config"].(map[string]any); ok {
+			if name, ok := doc["name"].(string); ok {
+				if _, has := inner["name"]; !has {
+					inner["name"] = name
+				}
+			}
+			doc = inner
+		}
+		props := map[string]string{}
+		for k, v := range doc {
+			switch t := v.(type) {
+			case string:
+				props[k] = t
+			case nil:
+			default:
+				b, _ := json.Marshal(t)
+				props[k] = string(b)
+			}
+		}
+		return props, nil
+	}
+	props := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			k, v, ok = strings.Cut(line, ":")
+		}
+		if !ok {
+			return nil, fmt.Errorf("read the connector's properties: %q is not key=value", line)
+		}
+		props[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return props, sc.Err()
+}
+
+// FromDebezium converts a Debezium PostgreSQL connector's configuration with the outbox EventRouter
+// into outbox-cdc's: the same database, slot and publication (so that outbox-cdc resumes where the
+// connector stopped), the same table columns, topics, converters and EventRouter options, in
+// kafka.header_format debezium and at-least-once delivery. The brokers and the password are never
+// in a connector's configuration worth copying: the notes say to add them.
+func FromDebezium(props map[string]string) Conversion {
+	var c Conversion
+	note := func(format string, args ...any) { c.Notes = append(c.Notes, fmt.Sprintf(format, args...)) }
+	used := map[string]bool{}
+	get := func(key string) (string, bool) {
+		used[key] = true
+		v, ok := props[key]
+		return v, ok
+	}
+	if cls, _ := get("connector.class"); cls != "io.debezium.connector.postgresql.PostgresConnector" {
+		note("connector.class is %q, not io.debezium.connector.postgresql.PostgresConnector: outbox-cdc takes over from Debezium's PostgreSQL connector only", cls)
+		c.Blocking = true
+	}
+	if plugin, ok := get("plugin.name"); ok && plugin != "pgoutput" {
+		note("plugin.name is %q: outbox-cdc reads pgoutput, so it cannot use this slot; create a new one (outbox-cdc init) after the connector has delivered everything, and republish what it had not with outbox-cdc resync", plugin)
+		c.Blocking = true
+	}
+
+	pg := map[string]any{}
+	kafka := map[string]any{"brokers": []string{"CHANGE-ME:9092"}, "delivery": config.DeliveryAtLeastOnce, "header_format": config.HeaderFormatDebezium}
+	routing := map[string]any{}
+	host, _ := get("database.hostname")
+	port, _ := get("database.port")
+	if port == "" {
+		port = "5432"
+	}
+	user, _ := get("database.user")
+	db, _ := get("database.dbname")
+	u := url.URL{Scheme: "postgres", Host: net.JoinHostPort(host, port), Path: "/" + db}
+	if user != "" {
+		u.User = url.User(user)
+	}
+	if mode, ok := get("database.sslmode"); ok && mode != "" {
+		u.RawQuery = url.Values{"sslmode": {mode}}.Encode()
+	}
+	if host == "" || db == "" {
+		note("database.hostname or database.dbname is missing: fix postgres.url")
+	}
+	pg["url"] = u.String()
+	if _, ok := props["database.password"]; ok {
+		note("the password is not copied: give it as PGPASSWORD (or in postgres.url)")
+	}
+	slot, ok := get("slot.name")
+	if !ok || slot == "" {
+		slot = "debezium"
+	}
+	pub, ok := get("publication.name")
+	if !ok || pub == "" {
+		pub = "dbz_publication"
+	}
+	pg["slot"], pg["publication"], pg["create_slot"] = slot, pub, false
+	tables, _ := get("table.include.list")
+	if tables == "" {
+		tables, _ = get("table.whitelist")
+	}
+	switch list := splitList(tables); {
+	case len(list) == 1 && regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$`).MatchString(list[0]):
+		pg["table"] = list[0]
+	default:
+		note("table.include.list is %q: outbox-cdc reads one outbox table; set postgres.table to it (one instance per outbox table)", tables)
+	}
+
+	transforms, _ := get("transforms")
+	prefix := ""
+	for _, name := range splitList(transforms) {
+		typ, _ := get("transforms." + name + ".type")
+		if typ == "io.debezium.transforms.outbox.EventRouter" && prefix == "" {
+			prefix = "transforms." + name + "."
+			continue
+		}
+		note("transform %s (%s) is not carried over", name, typ)
+	}
+	if prefix == "" {
+		note("no io.debezium.transforms.outbox.EventRouter among the transforms: this connector does not relay an outbox")
+		c.Blocking = true
+	}
+	router := func(key string) string {
+		v, ok := get(prefix + key)
+		if !ok {
+			return debeziumDefaults[key]
+		}
+		return v
+	}
+	cols := map[string]any{}
+	dbz := config.DebeziumColumns()
+	for key, col := range map[string]struct {
+		name string
+		def  string
+	}{
+		"table.field.event.id": {"event_id", dbz.EventID}, "table.field.event.key": {"aggregate_id", dbz.AggregateID},
+		"table.field.event.payload": {"payload", dbz.Payload},
+	} {
+		if v := router(key); v != col.def {
+			cols[col.name] = v
+		}
+	}
+	if ts := router("table.field.event.timestamp"); ts != "" {
+		cols["timestamp"] = ts
+	}
+	by := router("route.by.field")
+	if by != dbz.AggregateType {
+		cols["aggregate_type"] = by
+	}
+	regex, replacement := router("route.topic.regex"), router("route.topic.replacement")
+	switch {
+	case regex != debeziumDefaults["route.topic.regex"]:
+		note("route.topic.regex %q is not carried over: routing.topic builds topic names from columns ({column}) and routing.topics maps event types to topics", regex)
+	case strings.Count(replacement, "$") != strings.Count(replacement, "${routedByValue}"):
+		note("route.topic.replacement %q refers to groups other than routedByValue: not carried over", replacement)
+	default:
+		topic := strings.ReplaceAll(replacement, "${routedByValue}", "{aggregate_type}")
+		if topic != config.DebeziumTopic {
+			routing["topic"] = topic
+		}
+	}
+	d := map[string]any{}
+	if v := router("table.fields.additional.placement"); v != "" {
+		d["additional_placement"] = v
+	}
+	if v := router("table.expand.json.payload"); v == "true" {
+		d["expand_json_payload"] = true
+	}
+	if v := router("route.tombstone.on.empty.payload"); v == "true" {
+		d["tombstone_on_empty_payload"] = true
+	}
+	if v := router("table.field.event.schema.version"); v != "" {
+		note("table.field.event.schema.version (%s) is not supported: the value schema's version exists only with a schema-carrying converter", v)
+	}
+	if v := router("debezium.op.invalid.behavior"); v == "fatal" {
+		note("debezium.op.invalid.behavior fatal is not carried over: outbox-cdc ignores (and counts) updates of the outbox")
+	}
+	if v := router("table.json.payload.null.behavior"); v != "" && v != "ignore" {
+		note("table.json.payload.null.behavior %s is not supported: null members of an expanded payload are left out", v)
+	}
+	for k := range props {
+		if strings.HasPrefix(k, prefix) {
+			used[k] = true
+		}
+	}
+
+	converter, why := converterOf(props, used)
+	if why != "" {
+		note("%s", why)
+	}
+	if converter != config.DebeziumConverterString {
+		d["converter"] = converter
+	}
+	if (d["expand_json_payload"] != nil || strings.Contains(router("table.fields.additional.placement"), ":envelope")) && converter != config.DebeziumConverterJSON {
+		note("expanded payloads and envelope fields need kafka.debezium.converter json (JsonConverter with schemas.enable=false)")
+	}
+	if n, ok := get("topic.creation.default.partitions"); ok {
+		if v, err := strconv.Atoi(n); err == nil && v > 0 {
+			kafka["topic_partitions"] = v
+		}
+	}
+	if n, ok := get("topic.creation.default.replication.factor"); ok {
+		if v, err := strconv.Atoi(n); err == nil && v > 0 {
+			kafka["topic_replication_factor"] = v
+		}
+	}
+	if len(d) > 0 {
+		kafka["debezium"] = d
+	}
+	if len(cols) > 0 {
+		pg["columns"] = cols
+	}
+	note("kafka.brokers is the Kafka Connect worker's bootstrap.servers, which the connector's configuration does not hold: set it")
+	var unknown []string
+	for k := range props {
+		if !used[k] && !slices.Contains(irrelevant, k) && !strings.HasPrefix(k, "transforms.") && !strings.HasPrefix(k, "topic.creation.") {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		note("%s is not carried over", k)
+	}
+	doc := map[string]any{"postgres": pg, "kafka": kafka}
+	if len(routing) > 0 {
+		doc["routing"] = routing
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		note("cannot write the configuration: %v", err)
+		c.Blocking = true
+		return c
+	}
+	header := "# outbox-cdc configuration converted from Debezium connector " + quoteName(props["name"]) + " by `outbox-cdc from-debezium`.\n" +
+		"# It streams from the connector's slot and publication: stop the connector first (see the README, \"Coming from Debezium\").\n"
+	c.YAML = append([]byte(header), out...)
+	return c
+}
+
+// converterOf reads the connector's key and value converters: the debezium format's converter, and
+// why it may not match when it cannot tell or the converters cannot be matched.
+func converterOf(props map[string]string, used map[string]bool) (string, string) {
+	kind := func(which string) (string, string) {
+		used[which+".converter"], used[which+".converter.schemas.enable"] = true, true
+		cls, ok := props[which+".converter"]
+		switch {
+		case !ok:
+			return "", ""
+		case cls == "org.apache.kafka.connect.storage.StringConverter":
+			return config.DebeziumConverterString, ""
+		case cls == "org.apache.kafka.connect.json.JsonConverter":
+			if props[which+".converter.schemas.enable"] != "false" {
+				return "", which + ".converter is JsonConverter with schemas (schemas.enable defaults to true): outbox-cdc writes JsonConverter's output with schemas.enable=false only"
+			}
+			return config.DebeziumConverterJSON, ""
+		default:
+			return "", fmt.Sprintf("%s.converter %s is not supported: outbox-cdc matches StringConverter and JsonConverter (schemas.enable=false)", which, cls)
+		}
+	}
+	key, whyKey := kind("key")
+	value, whyValue := kind("value")
+	switch {
+	case whyKey != "" || whyValue != "":
+		return config.DebeziumConverterString, strings.TrimSpace(whyKey + " " + whyValue)
+	case key == "" && value == "":
+		return config.DebeziumConverterString, "the connector names no converters, so the worker's key.converter and value.converter apply: StringConverter assumed; set kafka.debezium.converter json if the worker uses JsonConverter with schemas.enable=false"
+	case key != "" && value != "" && key != value:
+		return value, fmt.Sprintf("the key converter (%s) and the value converter (%s) differ: outbox-cdc uses one for both (%s taken)", key, value, value)
+	case value == "":
+		return key, "no value.converter: the worker's applies; the key converter's kind assumed for both"
+	case key == "":
+		return value, "no key.converter: the worker's applies; the value converter's kind assumed for both"
+	}
+	return value, ""
+}
+
+// splitList splits a comma-separated list, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// quoteName quotes a connector name for a comment line.
+func quoteName(name string) string {
+	if name == "" {
+		return "(unnamed)"
+	}
+	return strconv.Quote(name)
+}

@@ -1,0 +1,123 @@
+package ops
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+// connectorJSON is a Debezium outbox connector as Kafka Connect's REST API returns it.
+const connectorJSON = `{
+  "name": "orders-outbox",
+  "config": {
+    "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+    "tasks.max": "1",
+    "plugin.name": "pgoutput",
+    "database.hostname": "pg-primary",
+    "database.port": "5433",
+    "database.user": "debezium",
+    "database.password": "Sup3r-Secret",
+    "database.dbname": "orders",
+    "database.sslmode": "require",
+    "topic.prefix": "orders",
+    "slot.name": "orders_outbox",
+    "publication.name": "orders_pub",
+    "table.include.list": "public.outbox_events",
+    "transforms": "outbox",
+    "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+    "transforms.outbox.table.field.event.key": "order_id",
+    "transforms.outbox.table.field.event.timestamp": "occurred_at",
+    "transforms.outbox.route.topic.replacement": "orders.${routedByValue}.events",
+    "transforms.outbox.table.fields.additional.placement": "type:header:eventType,version:envelope",
+    "transforms.outbox.table.expand.json.payload": "true",
+    "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schemas.enable": "false",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter.schemas.enable": false,
+    "topic.creation.default.partitions": "6",
+    "topic.creation.default.replication.factor": "3",
+    "signal.data.collection": "public.signals"
+  }
+}`
+
+func TestFromDebezium(t *testing.T) {
+	props, err := ParseDebeziumConfig([]byte(connectorJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := FromDebezium(props)
+	if conv.Blocking {
+		t.Fatalf("blocking: %v", conv.Notes)
+	}
+	out := string(conv.YAML)
+	for _, want := range []string{
+		"url: postgres://debezium@pg-primary:5433/orders?sslmode=require", "slot: orders_outbox", "publication: orders_pub",
+		"create_slot: false", "table: public.outbox_events", "aggregate_id: order_id", "timestamp: occurred_at",
+		"header_format: debezium", "delivery: at-least-once", "converter: json", "expand_json_payload: true",
+		"additional_placement: type:header:eventType,version:envelope", "topic: orders.{aggregate_type}.events",
+		"topic_partitions: 6", "topic_replication_factor: 3",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the configuration lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "Sup3r-Secret") || strings.Contains(strings.Join(conv.Notes, "\n"), "Sup3r-Secret") {
+		t.Errorf("the password was printed")
+	}
+	notes := strings.Join(conv.Notes, "\n")
+	for _, want := range []string{"password is not copied", "kafka.brokers", "signal.data.collection is not carried over"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	// What it wrote loads, and is the debezium format on the connector's slot.
+	path := t.TempDir() + "/c.yaml"
+	writeFile(t, path, strings.Replace(out, "CHANGE-ME:9092", "kafka:9092", 1))
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatalf("the converted configuration does not load: %v\n%s", err, out)
+	}
+	if cfg.Postgres.Columns.EventID != "id" || cfg.Postgres.Columns.AggregateID != "order_id" || cfg.Postgres.Columns.Payload != "payload" ||
+		cfg.Routing.Topic != "orders.{aggregate_type}.events" || cfg.Kafka.Debezium.Converter != "json" || cfg.Postgres.CreateSlot {
+		t.Errorf("loaded: %+v %q %+v", cfg.Postgres.Columns, cfg.Routing.Topic, cfg.Kafka.Debezium)
+	}
+}
+
+func TestFromDebeziumRefusesAndNotes(t *testing.T) {
+	for _, tc := range []struct {
+		name, props, want string
+		blocking          bool
+	}{
+		{"decoderbufs", "connector.class=io.debezium.connector.postgresql.PostgresConnector\nplugin.name=decoderbufs\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "pgoutput", true},
+		{"no event router", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=u\ntransforms.u.type=io.debezium.transforms.ExtractNewRecordState", "EventRouter", true},
+		{"mysql", "connector.class=io.debezium.connector.mysql.MySqlConnector", "PostgresConnector", true},
+		{"schemas", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\nvalue.converter=org.apache.kafka.connect.json.JsonConverter", "schemas.enable", false},
+		{"regex", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.route.topic.regex=(?<routedByValue>.*)Event", "route.topic.regex", false},
+		{"two tables", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.a,public.b\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "one outbox table", false},
+		{"no converters", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "StringConverter assumed", false},
+	} {
+		props, err := ParseDebeziumConfig([]byte(tc.props))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conv := FromDebezium(props)
+		if conv.Blocking != tc.blocking || !strings.Contains(strings.Join(conv.Notes, "\n"), tc.want) {
+			t.Errorf("%s: blocking %v, notes:\n%s\nwant blocking %v and a note on %q", tc.name, conv.Blocking, strings.Join(conv.Notes, "\n"), tc.blocking, tc.want)
+		}
+	}
+	// Debezium's defaults give the debezium format's defaults: nothing more to say.
+	props, _ := ParseDebeziumConfig([]byte("connector.class=io.debezium.connector.postgresql.PostgresConnector\ndatabase.hostname=h\ndatabase.dbname=d\ntable.include.list=public.outbox\ntransforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter"))
+	out := string(FromDebezium(props).YAML)
+	if strings.Contains(out, "columns:") || strings.Contains(out, "routing:") || !strings.Contains(out, "slot: debezium") || !strings.Contains(out, "publication: dbz_publication") {
+		t.Errorf("defaults:\n%s", out)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

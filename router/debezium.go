@@ -1,0 +1,579 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+// DebeziumFormat writes what Debezium's outbox EventRouter (3.x, PostgreSQL connector with its
+// default type handling) and Kafka Connect's converters write for the same row: the key and value as
+// StringConverter or JsonConverter (schemas.enable=false) serialize them, one id header, the
+// additional fields as headers (SimpleHeaderConverter), envelope fields or the partition.
+type DebeziumFormat struct {
+	// JSON is JsonConverter with schemas.enable=false for key and value; otherwise StringConverter.
+	JSON bool
+	// Fields is table.fields.additional.placement.
+	Fields []config.AdditionalField
+	// ExpandJSONPayload is table.expand.json.payload.
+	ExpandJSONPayload bool
+	// TombstoneOnEmptyPayload is route.tombstone.on.empty.payload.
+	TombstoneOnEmptyPayload bool
+}
+
+// DebeziumHeaderID is the header the EventRouter puts the event id in.
+const DebeziumHeaderID = "id"
+
+// PostgreSQL type OIDs whose Debezium representation differs from their text.
+const (
+	oidBool        = 16
+	oidInt2        = 21
+	oidInt4        = 23
+	oidInt8        = 20
+	oidFloat4      = 700
+	oidFloat8      = 701
+	oidDate        = 1082
+	oidTimestamp   = 1114
+	oidTimestamptz = 1184
+)
+
+// connectValue is a column's value as Debezium's PostgreSQL connector gives it to Kafka Connect: its
+// kind decides how a converter writes it.
+type connectValue struct {
+	null bool
+	// text is the value's string form (SimpleHeaderConverter's, StringConverter's); number and
+	// boolean values are written bare in JSON, the others as JSON strings.
+	text    string
+	numeric bool
+}
+
+// debeziumValue reads a column of row as Debezium's connector represents it: booleans as true/false,
+// integers and floating-point numbers as Java prints them, timestamptz as an ISO-8601 UTC string
+// (ZonedTimestamp), timestamp as microseconds since the epoch (MicroTimestamp), date as days since
+// the epoch (Date), everything else (text, uuid, json, jsonb, ...) as its text.
+func debeziumValue(row Row, column string) connectValue {
+	v, ok := row.Value(column)
+	if !ok {
+		return connectValue{null: true}
+	}
+	var oid uint32
+	if tr, ok := row.(typedRow); ok {
+		oid, _ = tr.TypeOID(column)
+	}
+	s := string(v)
+	switch oid {
+	case oidBool:
+		return connectValue{text: strconv.FormatBool(s == "t" || s == "true"), numeric: true}
+	case oidInt2, oidInt4, oidInt8:
+		return connectValue{text: s, numeric: true}
+	case oidFloat4, oidFloat8:
+		bits := 64
+		if oid == oidFloat4 {
+			bits = 32
+		}
+		if f, err := strconv.ParseFloat(s, bits); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+			return connectValue{text: javaDouble(f, bits), numeric: true}
+		}
+		return connectValue{text: s}
+	case oidTimestamp:
+		if t, ok := parseStamp(v); ok {
+			return connectValue{text: strconv.FormatInt(t.UnixMicro(), 10), numeric: true}
+		}
+	case oidDate:
+		if t, err := time.Parse("2006-01-02", s); err == nil {
+			return connectValue{text: strconv.FormatInt(t.Unix()/86400, 10), numeric: true}
+		}
+	case oidTimestamptz:
+		// Debezium's ZonedTimestamp: ISO 8601 in UTC with the column's six fractional digits.
+		if t, ok := parseStamp(v); ok {
+			return connectValue{text: t.UTC().Format("2006-01-02T15:04:05.000000Z")}
+		}
+	}
+	return connectValue{text: s}
+}
+
+// json appends v as JsonConverter writes it.
+func (v connectValue) json(b []byte) []byte {
+	switch {
+	case v.null:
+		return append(b, "null"...)
+	case v.numeric:
+		return append(b, v.text...)
+	default:
+		return jacksonString(b, v.text)
+	}
+}
+
+// buildDebeziumRecord makes the record of row in the debezium format, without its topic.
+func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.Record, error) {
+	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 1+len(d.Fields))}
+	var problem error
+	id := debeziumValue(row, cols.EventID)
+	if id.null || id.text == "" {
+		problem = &undeliverable{reason: fmt.Sprintf("column %s (event id, which consumers deduplicate on) is NULL or empty", cols.EventID)}
+	}
+	rec.Headers = append(rec.Headers, connectHeader(DebeziumHeaderID, id))
+	if key := debeziumValue(row, cols.AggregateID); !key.null {
+		// A NULL key stays NULL, as Debezium sends it (the record then has no per-aggregate order).
+		if d.JSON {
+			rec.Key = key.json(nil)
+		} else {
+			rec.Key = []byte(key.text)
+		}
+	}
+	payload := debeziumValue(row, cols.Payload)
+	var payloadJSON []byte // the payload as JsonConverter writes it
+	if d.JSON {
+		payloadJSON = payload.json(nil)
+		if d.ExpandJSONPayload && !payload.null {
+			if expanded, ok := expandJSON(payload.text); ok {
+				payloadJSON = expanded
+			}
+		}
+	}
+	envelope := false
+	for _, f := range d.Fields {
+		switch f.Placement {
+		case config.PlacementHeader:
+			rec.Headers = append(rec.Headers, connectHeader(f.Alias, debeziumValue(row, f.Column)))
+		case config.PlacementEnvelope:
+			envelope = true
+		case config.PlacementPartition:
+			v := debeziumValue(row, f.Column)
+			if v.null {
+				continue
+			}
+			n, err := strconv.ParseInt(v.text, 10, 32)
+			if err != nil || n < 0 {
+				if problem == nil {
+					problem = &undeliverable{reason: fmt.Sprintf("column %s (the partition, kafka.debezium.additional_placement) holds %q, not a partition number", f.Column, v.text)}
+				}
+				continue
+			}
+			place(rec, int32(n))
+		}
+	}
+	switch {
+	case d.TombstoneOnEmptyPayload && (payload.null || strings.TrimFunc(payload.text, func(r rune) bool { return r <= ' ' }) == ""):
+		rec.Value = nil
+	case envelope:
+		b := append([]byte(`{"payload":`), payloadJSON...)
+		for _, f := range d.Fields {
+			if f.Placement == config.PlacementEnvelope {
+				b = append(b, ',')
+				b = jacksonString(b, f.Alias)
+				b = append(b, ':')
+				b = debeziumValue(row, f.Column).json(b)
+			}
+		}
+		rec.Value = append(b, '}')
+	case d.JSON:
+		rec.Value = payloadJSON
+	case !payload.null:
+		rec.Value = []byte(payload.text)
+	}
+	return rec, problem
+}
+
+// connectHeader is a header as Connect's SimpleHeaderConverter writes v: its string form, or no value.
+func connectHeader(key string, v connectValue) kgo.RecordHeader {
+	if v.null {
+		return kgo.RecordHeader{Key: key}
+	}
+	return kgo.RecordHeader{Key: key, Value: []byte(v.text)}
+}
+
+// placedKey marks, in a record's Context, a record whose Partition was chosen by its row
+// (kafka.debezium.additional_placement column:partition).
+type placedKey struct{}
+
+// place sends rec to partition n.
+func place(rec *kgo.Record, n int32) {
+	rec.Partition = n
+	rec.Context = context.WithValue(context.Background(), placedKey{}, true)
+}
+
+// placed reports whether rec's partition was chosen by its row.
+func placed(rec *kgo.Record) bool {
+	return rec.Context != nil && rec.Context.Value(placedKey{}) != nil
+}
+
+// placingPartitioner sends a placed record to its own partition and every other record where the
+// inner partitioner would (Kafka's murmur2 of the key, as Java's default partitioner).
+type placingPartitioner struct{ inner kgo.Partitioner }
+
+// ForTopic implements kgo.Partitioner.
+func (p placingPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return placingTopicPartitioner{p.inner.ForTopic(topic)}
+}
+
+type placingTopicPartitioner struct{ inner kgo.TopicPartitioner }
+
+func (p placingTopicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return placed(r) || p.inner.RequiresConsistency(r)
+}
+
+func (p placingTopicPartitioner) Partition(r *kgo.Record, n int) int {
+	if placed(r) {
+		return int(r.Partition)
+	}
+	return p.inner.Partition(r, n)
+}
+
+func (p placingTopicPartitioner) PartitionByBackup(r *kgo.Record, n int, it kgo.TopicBackupIter) int {
+	if placed(r) {
+		return int(r.Partition)
+	}
+	if b, ok := p.inner.(kgo.TopicBackupPartitioner); ok {
+		return b.PartitionByBackup(r, n, it)
+	}
+	return p.inner.Partition(r, n)
+}
+
+func (p placingTopicPartitioner) OnNewBatch() {
+	if b, ok := p.inner.(kgo.TopicPartitionerOnNewBatch); ok {
+		b.OnNewBatch()
+	}
+}
+
+// javaDouble formats f as Java's Double.toString (Float.toString for 32 bits) does: plain decimal
+// with at least one fractional digit between 10^-3 and 10^7, otherwise d.dddE[-]n; the shortest
+// digits that read back as f.
+func javaDouble(f float64, bits int) string {
+	if f == 0 {
+		if math.Signbit(f) {
+			return "-0.0"
+		}
+		return "0.0"
+	}
+	sci := strconv.FormatFloat(f, 'e', -1, bits) // [-]d[.ddd]e±xx
+	mant, expText, _ := strings.Cut(sci, "e")
+	exp, _ := strconv.Atoi(expText)
+	neg := strings.HasPrefix(mant, "-")
+	mant = strings.TrimPrefix(mant, "-")
+	digits := strings.Replace(mant, ".", "", 1)
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	abs := math.Abs(f)
+	if abs >= 1e-3 && abs < 1e7 {
+		if exp >= 0 {
+			intLen := exp + 1
+			if len(digits) <= intLen {
+				b.WriteString(digits + strings.Repeat("0", intLen-len(digits)) + ".0")
+			} else {
+				b.WriteString(digits[:intLen] + "." + digits[intLen:])
+			}
+		} else {
+			b.WriteString("0." + strings.Repeat("0", -exp-1) + digits)
+		}
+		return b.String()
+	}
+	b.WriteString(digits[:1] + ".")
+	if len(digits) > 1 {
+		b.WriteString(digits[1:])
+	} else {
+		b.WriteByte('0')
+	}
+	b.WriteString("E" + strconv.Itoa(exp))
+	return b.String()
+}
+
+// jacksonString appends s as a JSON string the way Jackson (Kafka Connect's JsonConverter) writes
+// it: quotes and backslashes escaped, \b \t \n \f \r by their short escapes, other control
+// characters as \u00XX, characters beyond the Basic Multilingual Plane as their UTF-16 surrogate
+// pair (\uD83D\uDE00; hexadecimal in upper case), everything else (other non-ASCII included) as it is.
+func jacksonString(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c == '\b':
+			b = append(b, '\\', 'b')
+		case c == '\t':
+			b = append(b, '\\', 't')
+		case c == '\n':
+			b = append(b, '\\', 'n')
+		case c == '\f':
+			b = append(b, '\\', 'f')
+		case c == '\r':
+			b = append(b, '\\', 'r')
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+		case c < utf8.RuneSelf:
+			b = append(b, c)
+		default:
+			r, size := utf8.DecodeRuneInString(s[i:])
+			switch {
+			case r == utf8.RuneError && size == 1:
+				b = append(b, `\uFFFD`...)
+			case r > 0xFFFF:
+				hi, lo := utf16.EncodeRune(r)
+				for _, u := range []rune{hi, lo} {
+					b = append(b, '\\', 'u', hex[u>>12&0xF], hex[u>>8&0xF], hex[u>>4&0xF], hex[u&0xF])
+				}
+			default:
+				b = append(b, s[i:i+size]...)
+			}
+			i += size - 1
+		}
+	}
+	return append(b, '"')
+}
+
+// expandJSON is table.expand.json.payload followed by JsonConverter: a payload starting with { or [
+// is parsed and written back compactly, as Debezium's JsonSchemaData and the converter do — members
+// in their order, null members and empty arrays left out of objects, integers as integers, other
+// numbers as Java doubles. false (the payload stays a JSON string) where Debezium's expansion fails:
+// not JSON, a top-level array, an array mixing kinds of values or of numbers, an integer beyond
+// 64 bits.
+func expandJSON(payload string) ([]byte, bool) {
+	if !strings.HasPrefix(payload, "{") && !strings.HasPrefix(payload, "[") {
+		return nil, false
+	}
+	dec := json.NewDecoder(strings.NewReader(payload))
+	dec.UseNumber()
+	node, err := decodeOrdered(dec)
+	if err != nil {
+		return nil, false
+	}
+	if _, ok := node.([]any); ok {
+		// Debezium 3.6 cannot expand a top-level array (its connector task stops on one); written
+		// as the JSON string it is.
+		return nil, false
+	}
+	var b bytes.Buffer
+	if !writeExpanded(&b, node) {
+		return nil, false
+	}
+	return b.Bytes(), true
+}
+
+// member is one member of a JSON object, in document order.
+type member struct {
+	name  string
+	value any
+}
+
+// decodeOrdered reads one JSON value keeping object members in order: objects as []member, arrays
+// as []any, numbers as json.Number.
+func decodeOrdered(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			var obj []member
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				v, err := decodeOrdered(dec)
+				if err != nil {
+					return nil, err
+				}
+				obj = append(obj, member{name: k.(string), value: v})
+			}
+			_, err := dec.Token()
+			return obj, err
+		case '[':
+			arr := []any{}
+			for dec.More() {
+				v, err := decodeOrdered(dec)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token()
+			return arr, err
+		}
+		return nil, fmt.Errorf("unexpected %v", t)
+	default:
+		return tok, nil
+	}
+}
+
+// numberKind is how Jackson and JsonSchemaData read a JSON number: int (32 bits), long (64 bits),
+// double, or none (an integer beyond 64 bits, which Debezium cannot expand).
+func numberKind(n json.Number) string {
+	s := n.String()
+	if !strings.ContainsAny(s, ".eE") {
+		i, err := strconv.ParseInt(s, 10, 64)
+		switch {
+		case err != nil:
+			return ""
+		case i >= math.MinInt32 && i <= math.MaxInt32:
+			return "int"
+		default:
+			return "long"
+		}
+	}
+	return "double"
+}
+
+// kind is the JSON node type of v, numbers by numberKind.
+func kind(v any) string {
+	switch t := v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case string:
+		return "string"
+	case json.Number:
+		return numberKind(t)
+	case []any:
+		return "array"
+	case []member:
+		return "object"
+	}
+	return ""
+}
+
+// writeExpanded writes v compactly as JsonConverter writes the Connect data Debezium built from it;
+// false where Debezium's expansion fails.
+func writeExpanded(b *bytes.Buffer, v any) bool {
+	switch t := v.(type) {
+	case nil:
+		b.WriteString("null")
+	case bool:
+		b.WriteString(strconv.FormatBool(t))
+	case string:
+		b.Write(jacksonString(nil, t))
+	case json.Number:
+		switch numberKind(t) {
+		case "int", "long":
+			i, _ := strconv.ParseInt(t.String(), 10, 64)
+			b.WriteString(strconv.FormatInt(i, 10))
+		case "double":
+			f, err := strconv.ParseFloat(t.String(), 64)
+			if err != nil || math.IsInf(f, 0) {
+				return false
+			}
+			b.WriteString(javaDouble(f, 64))
+		default:
+			return false
+		}
+	case []member:
+		b.WriteByte('{')
+		for i, m := range objectMembers(t) {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(jacksonString(nil, m.name))
+			b.WriteByte(':')
+			if !writeExpanded(b, m.value) {
+				return false
+			}
+		}
+		b.WriteByte('}')
+	case []any:
+		// Elements share one kind (nulls aside); objects one shape: Debezium merges differing
+		// objects' members in an order it does not fix, so those are not expanded here.
+		k, shape := "", ""
+		for _, e := range t {
+			ek := kind(e)
+			switch {
+			case ek == "null":
+				continue
+			case ek == "":
+				return false
+			case k == "":
+				k = ek
+			case ek != k:
+				return false
+			}
+			if ek == "object" {
+				s := signature(e)
+				if shape != "" && s != shape {
+					return false
+				}
+				shape = s
+			}
+		}
+		if k == "" {
+			return false
+		}
+		b.WriteByte('[')
+		for i, e := range t {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if !writeExpanded(b, e) {
+				return false
+			}
+		}
+		b.WriteByte(']')
+	default:
+		return false
+	}
+	return true
+}
+
+// objectMembers are the members of an object as JsonSchemaData keeps them: a repeated name in its
+// first place with its last value (Jackson's reading), then null members and empty arrays left out
+// (they get no schema).
+func objectMembers(obj []member) []member {
+	var out []member
+	at := map[string]int{}
+	for _, m := range obj {
+		if i, ok := at[m.name]; ok {
+			out[i].value = m.value
+			continue
+		}
+		at[m.name] = len(out)
+		out = append(out, m)
+	}
+	kept := out[:0]
+	for _, m := range out {
+		if arr, ok := m.value.([]any); m.value == nil || ok && len(arr) == 0 {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	return kept
+}
+
+// signature is the shape of a JSON value as JsonSchemaData would type it: kinds, member names
+// and element kinds, recursively.
+func signature(v any) string {
+	switch t := v.(type) {
+	case []member:
+		var b strings.Builder
+		b.WriteByte('{')
+		for _, m := range objectMembers(t) {
+			b.WriteString(strconv.Quote(m.name) + ":" + signature(m.value) + ",")
+		}
+		b.WriteByte('}')
+		return b.String()
+	case []any:
+		for _, e := range t {
+			if e != nil {
+				return "[" + signature(e) + "]"
+			}
+		}
+		return "[]"
+	default:
+		return kind(v)
+	}
+}

@@ -1,0 +1,197 @@
+package router
+
+import (
+	"math"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+)
+
+func TestJavaDouble(t *testing.T) {
+	tenth := 0.1 // a variable: constant arithmetic would be exact
+	for _, tc := range []struct {
+		f    float64
+		bits int
+		want string
+	}{
+		{1, 64, "1.0"}, {100, 64, "100.0"}, {9.99, 64, "9.99"}, {-2.5, 64, "-2.5"}, {0, 64, "0.0"},
+		{math.Copysign(0, -1), 64, "-0.0"}, {0.001, 64, "0.001"}, {0.0001, 64, "1.0E-4"},
+		{1e7, 64, "1.0E7"}, {9999999, 64, "9999999.0"}, {12345678.9, 64, "1.23456789E7"},
+		{1.5e-10, 64, "1.5E-10"}, {tenth + 2*tenth, 64, "0.30000000000000004"}, {1e21, 64, "1.0E21"},
+		{float64(float32(0.1)), 32, "0.1"}, {float64(float32(3.4028235e38)), 32, "3.4028235E38"},
+	} {
+		if got := javaDouble(tc.f, tc.bits); got != tc.want {
+			t.Errorf("javaDouble(%v, %d) = %q, want %q", tc.f, tc.bits, got, tc.want)
+		}
+	}
+}
+
+func TestJacksonString(t *testing.T) {
+	for in, want := range map[string]string{
+		`plain`:                   `"plain"`,
+		`a"b\c`:                   `"a\"b\\c"`,
+		"tab\tnl\ncr\r":           `"tab\tnl\ncr\r"`,
+		"\b\f\x00\x1f\x7f":        `"\b\f\u0000\u001F` + "\x7f" + `"`,
+		"<&>/ é € ключ 注文 \u2028": `"<&>/ é € ключ 注文 ` + "\u2028" + `"`,
+		"😀-3":                     `"\uD83D\uDE00-3"`,
+	} {
+		if got := string(jacksonString(nil, in)); got != want {
+			t.Errorf("jacksonString(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestExpandJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string // want "" means: not expanded
+	}{
+		{`{"b": 1, "a": "x"}`, `{"b":1,"a":"x"}`},
+		{`{"total": 9.99, "n": 1.0, "big": 12345678901, "neg": -3, "e": 1e7}`, `{"total":9.99,"n":1.0,"big":12345678901,"neg":-3,"e":1.0E7}`},
+		{`{"gone": null, "empty": [], "kept": [1, null, 2], "t": true}`, `{"kept":[1,null,2],"t":true}`},
+		{`{"nested": {"x": {"y": "z"}}, "s": "q\"uote"}`, `{"nested":{"x":{"y":"z"}},"s":"q\"uote"}`},
+		{`{"a": 1, "a": 2, "b": 3}`, `{"a":2,"b":3}`},
+		{`{}`, `{}`},
+		{`{"l": [{"a": 1}, {"a": 2}], "s": ["x", null]}`, `{"l":[{"a":1},{"a":2}],"s":["x",null]}`},
+		{`[1, 2, 3]`, ``}, // a top-level array stops Debezium's connector
+		{`[]`, ``},
+		{`{"m": [1, "x"]}`, ``},                       // not homogenous
+		{`{"m": [1, 12345678901]}`, ``},               // int and long
+		{`{"m": [1, 1.5]}`, ``},                       // int and double
+		{`{"m": [{"a": 1}, {"b": 2}]}`, ``},           // objects of two shapes
+		{`{"n": 123456789012345678901234567890}`, ``}, // beyond 64 bits
+		{`not json`, ``},
+		{`"a string"`, ``},
+		{`{"a": `, ``},
+	} {
+		got, ok := expandJSON(tc.in)
+		if tc.want == "" {
+			if ok {
+				t.Errorf("expandJSON(%s) = %s, want it left a string", tc.in, got)
+			}
+			continue
+		}
+		if !ok || string(got) != tc.want {
+			t.Errorf("expandJSON(%s) = %s (%v), want %s", tc.in, got, ok, tc.want)
+		}
+	}
+}
+
+// debeziumRow is a row of Debezium's default outbox table plus typed extra columns.
+func debeziumRow(over map[string]string) typedMapRow {
+	r := typedMapRow{mapRow: mapRow{
+		"id": "7d1c4d6a-0000-4000-8000-000000000001", "aggregatetype": "order", "aggregateid": "42",
+		"type": "OrderPaid", "payload": `{"total": 9.99}`,
+		"flag": "t", "n": "7", "f": "1.5", "ts": "2026-12-03T10:00:00.123456Z", "tstz": "2026-12-03T12:00:00.5+02:00", "d": "2026-12-03", "part": "2",
+	}, types: map[string]uint32{"id": 2950, "payload": 3802, "flag": oidBool, "n": oidInt8, "f": oidFloat8, "ts": oidTimestamp, "tstz": oidTimestamptz, "d": oidDate, "part": oidInt4}}
+	for k, v := range over {
+		if v == "<NULL>" {
+			delete(r.mapRow, k)
+		} else {
+			r.mapRow[k] = v
+		}
+	}
+	return r
+}
+
+func TestBuildDebeziumRecord(t *testing.T) {
+	cols := config.DebeziumColumns()
+	fields := func(spec string) []config.AdditionalField {
+		f, err := config.Debezium{AdditionalPlacement: spec}.AdditionalFields()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	null := []byte(nil)
+	for _, tc := range []struct {
+		name    string
+		row     typedMapRow
+		format  DebeziumFormat
+		key     []byte
+		value   []byte
+		headers []kgo.RecordHeader
+		part    int32 // -1: not placed
+	}{
+		{name: "string converter", row: debeziumRow(nil), key: []byte("42"), value: []byte(`{"total": 9.99}`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "json converter", row: debeziumRow(nil), format: DebeziumFormat{JSON: true}, key: []byte(`"42"`), value: []byte(`"{\"total\": 9.99}"`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "json converter, expanded", row: debeziumRow(nil), format: DebeziumFormat{JSON: true, ExpandJSONPayload: true}, key: []byte(`"42"`), value: []byte(`{"total":9.99}`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "NULL payload, string converter", row: debeziumRow(map[string]string{"payload": "<NULL>"}), key: []byte("42"), value: null,
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "NULL payload, json converter", row: debeziumRow(map[string]string{"payload": "<NULL>"}), format: DebeziumFormat{JSON: true}, key: []byte(`"42"`), value: []byte("null"),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "NULL payload, json converter, tombstone", row: debeziumRow(map[string]string{"payload": "<NULL>"}), format: DebeziumFormat{JSON: true, TombstoneOnEmptyPayload: true}, key: []byte(`"42"`), value: null,
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "empty object stays", row: debeziumRow(map[string]string{"payload": "{}"}), format: DebeziumFormat{TombstoneOnEmptyPayload: true}, key: []byte("42"), value: []byte("{}"),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "NULL key", row: debeziumRow(map[string]string{"aggregateid": "<NULL>"}), key: null, value: []byte(`{"total": 9.99}`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: -1},
+		{name: "headers by type", row: debeziumRow(map[string]string{"aggregatetype": "<NULL>"}),
+			format: DebeziumFormat{Fields: fields("type:header:eventType,flag:header,n:header,f:header,ts:header,tstz:header,d:header,aggregatetype:header")},
+			key:    []byte("42"), value: []byte(`{"total": 9.99}`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}, {Key: "eventType", Value: []byte("OrderPaid")},
+				{Key: "flag", Value: []byte("true")}, {Key: "n", Value: []byte("7")}, {Key: "f", Value: []byte("1.5")},
+				{Key: "ts", Value: []byte("1796292000123456")}, {Key: "tstz", Value: []byte("2026-12-03T10:00:00.500000Z")}, {Key: "d", Value: []byte("20790")},
+				{Key: "aggregatetype"}}, part: -1},
+		{name: "envelope and partition", row: debeziumRow(nil), format: DebeziumFormat{JSON: true, Fields: fields("type:envelope:eventType,n:envelope,flag:envelope,tstz:envelope,part:partition")},
+			key: []byte(`"42"`), value: []byte(`{"payload":"{\"total\": 9.99}","eventType":"OrderPaid","n":7,"flag":true,"tstz":"2026-12-03T10:00:00.500000Z"}`),
+			headers: []kgo.RecordHeader{{Key: "id", Value: []byte("7d1c4d6a-0000-4000-8000-000000000001")}}, part: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := buildRecord(tc.row, cols, Format{Debezium: &tc.format})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(rec.Key) != string(tc.key) || (rec.Key == nil) != (tc.key == nil) {
+				t.Errorf("key %q, want %q", rec.Key, tc.key)
+			}
+			if string(rec.Value) != string(tc.value) || (rec.Value == nil) != (tc.value == nil) {
+				t.Errorf("value %q, want %q", rec.Value, tc.value)
+			}
+			if len(rec.Headers) != len(tc.headers) {
+				t.Fatalf("headers %v, want %v", rec.Headers, tc.headers)
+			}
+			for i, h := range tc.headers {
+				got := rec.Headers[i]
+				if got.Key != h.Key || string(got.Value) != string(h.Value) || (got.Value == nil) != (h.Value == nil) {
+					t.Errorf("header %d: %s=%q, want %s=%q", i, got.Key, got.Value, h.Key, h.Value)
+				}
+			}
+			if tc.part >= 0 && (!placed(rec) || rec.Partition != tc.part) {
+				t.Errorf("partition %d (placed %v), want %d", rec.Partition, placed(rec), tc.part)
+			}
+			if tc.part < 0 && placed(rec) {
+				t.Errorf("placed on %d, want the partitioner's choice", rec.Partition)
+			}
+		})
+	}
+	if _, err := buildRecord(debeziumRow(map[string]string{"id": "<NULL>"}), cols, Format{Debezium: &DebeziumFormat{}}); err == nil {
+		t.Error("a NULL id was accepted")
+	}
+	if _, err := buildRecord(debeziumRow(map[string]string{"part": "-1"}), cols, Format{Debezium: &DebeziumFormat{Fields: fields("part:partition")}}); err == nil {
+		t.Error("a negative partition was accepted")
+	}
+}
+
+// TestPlacingPartitionerKeepsKafkasHash: records without a placed partition go where Kafka's own
+// partitioner sends their key (murmur2, as Java's default partitioner and Debezium's producer).
+func TestPlacingPartitionerKeepsKafkasHash(t *testing.T) {
+	tp := placingPartitioner{kgo.UniformBytesPartitioner(64<<10, true, true, nil)}.ForTopic("t")
+	// Java: Utils.toPositive(Utils.murmur2(key.getBytes(UTF_8))) % 3, computed by an independent
+	// implementation of Kafka's murmur2.
+	for key, want := range map[string]int{"42": 1, "order-1": 1, "1": 0, "2": 2, "customer-17": 1, "é": 0} {
+		r := &kgo.Record{Key: []byte(key)}
+		if got := tp.(kgo.TopicBackupPartitioner).PartitionByBackup(r, 3, nil); got != want {
+			t.Errorf("key %q: partition %d, want %d", key, got, want)
+		}
+	}
+	r := &kgo.Record{Key: []byte("42")}
+	place(r, 2)
+	if got := tp.Partition(r, 3); got != 2 || !tp.RequiresConsistency(r) {
+		t.Errorf("placed record: partition %d", got)
+	}
+}
