@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
+	"github.com/outbox-cdc/outbox-cdc/internal/tracing"
 	"github.com/outbox-cdc/outbox-cdc/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
@@ -54,6 +56,22 @@ Environment variables:
 			log := newLogger(os.Stderr, cfg)
 			m := metrics.New()
 			opts := []pipeline.Option{pipeline.WithObserver(m)}
+			tracer, stopTracing, err := tracing.Setup(cmd.Context(), cfg.Tracing, buildinfo.Read().Version)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// Spans still batched go out before the process ends, within a few seconds.
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := stopTracing(ctx); err != nil {
+					log.Warn("tracing: spans not exported at stop", "error", err.Error())
+				}
+			}()
+			if tracer != nil {
+				opts = append(opts, pipeline.WithTracer(tracer))
+				log.Info("tracing: a producer span per record", "otlp_endpoint", cfg.Tracing.OTLPEndpoint, "sample_ratio", cfg.Tracing.SampleRatio)
+			}
 			if acceptGap {
 				opts = append(opts, pipeline.WithAcceptGap())
 			}

@@ -36,12 +36,27 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Metrics configures the HTTP endpoint.
 	Metrics Metrics `yaml:"metrics"`
+	// Tracing configures OpenTelemetry spans of delivered records.
+	Tracing Tracing `yaml:"tracing"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 
 	// envPassword is PGPASSWORD from the environment Load read: pgx uses it when the URL has no
 	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
 	envPassword string
+}
+
+// Tracing configures OpenTelemetry tracing: a producer span per delivered record, child of the trace
+// context the row carries (postgres.columns.trace_context or its headers), exported over OTLP/HTTP.
+type Tracing struct {
+	// OTLPEndpoint is the collector's OTLP/HTTP endpoint (http://collector:4318); empty turns
+	// tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// ServiceName is the spans' service.name.
+	ServiceName string `yaml:"service_name"`
+	// SampleRatio is the share of rows without a trace context that start a trace of their own (0
+	// to 1); a row's own sampled context is always followed.
+	SampleRatio float64 `yaml:"sample_ratio"`
 }
 
 // Postgres configures the source database and the replication slot.
@@ -93,6 +108,11 @@ type Columns struct {
 	// integer of milliseconds since the Unix epoch. A NULL or unreadable value falls back to
 	// kafka.record_timestamp.
 	Timestamp string `yaml:"timestamp"`
+	// TraceContext, when set, names a column holding the W3C trace context of the transaction that
+	// wrote the row: a traceparent, a JSON object with traceparent and tracestate, or Debezium's
+	// tracingspancontext (traceparent=... lines). It becomes the record's traceparent and tracestate
+	// headers (and ce_traceparent, ce_tracestate in the cloudevents format).
+	TraceContext string `yaml:"trace_context"`
 }
 
 // Kafka configures the producer and topic administration.
@@ -380,6 +400,7 @@ func Default() Config {
 		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
 		Log:             Log{Level: "info", Format: "auto"},
 		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
+		Tracing:         Tracing{ServiceName: "outbox-cdc"},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -542,6 +563,17 @@ func (c *Config) Validate() error {
 		bad("kafka.header_format", "must be %s, %s or %s, got %q", HeaderFormatOutbox, HeaderFormatCloudEvents, HeaderFormatDebezium, c.Kafka.HeaderFormat)
 	}
 	c.validateDebezium(bad)
+	if e := c.Tracing.OTLPEndpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("tracing.otlp_endpoint", "must be an http:// or https:// URL of an OTLP/HTTP collector, got %q", e)
+		}
+	}
+	if r := c.Tracing.SampleRatio; r < 0 || r > 1 {
+		bad("tracing.sample_ratio", "must be between 0 and 1, got %v", r)
+	}
+	if c.Tracing.ServiceName == "" {
+		bad("tracing.service_name", "must not be empty")
+	}
 	switch c.Postgres.FailoverSlot {
 	case "auto", "on", "off":
 	default:

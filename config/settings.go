@@ -48,6 +48,17 @@ func integer[T int | int16 | int32 | int64](p func(c *Config) *T) func(*Config, 
 	}
 }
 
+func float(p func(c *Config) *float64) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", v)
+		}
+		*p(c) = f
+		return nil
+	}
+}
+
 func duration(p func(c *Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
@@ -113,6 +124,7 @@ var settings = []setting{
 	{"postgres.columns.headers", "OUTBOX_CDC_COLUMN_HEADERS", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.Headers })},
 	{"postgres.columns.created_at", "OUTBOX_CDC_COLUMN_CREATED_AT", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.CreatedAt })},
 	{"postgres.columns.timestamp", "OUTBOX_CDC_COLUMN_TIMESTAMP", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.Timestamp })},
+	{"postgres.columns.trace_context", "OUTBOX_CDC_COLUMN_TRACE_CONTEXT", "", "", str(func(c *Config) *string { return &c.Postgres.Columns.TraceContext })},
 	{"kafka.brokers", "OUTBOX_CDC_BROKERS", "brokers", "Kafka seed brokers, comma-separated host:port", list(func(c *Config) *[]string { return &c.Kafka.Brokers })},
 	{"kafka.client_id", "OUTBOX_CDC_CLIENT_ID", "", "", str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{"kafka.create_topics", "OUTBOX_CDC_CREATE_TOPICS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.CreateTopics })},
@@ -154,6 +166,9 @@ var settings = []setting{
 	{"log.format", "OUTBOX_CDC_LOG_FORMAT", "log-format", "auto (text on a terminal, JSON otherwise), text or json", str(func(c *Config) *string { return &c.Log.Format })},
 	{"metrics.pprof", "OUTBOX_CDC_PPROF", "", "", boolean(func(c *Config) *bool { return &c.Metrics.Pprof })},
 	{"metrics.addr", "OUTBOX_CDC_METRICS_ADDR", "metrics-addr", "listen address for /metrics, /healthz, /readyz (empty disables)", str(func(c *Config) *string { return &c.Metrics.Addr })},
+	{"tracing.otlp_endpoint", "OUTBOX_CDC_OTLP_ENDPOINT", "", "", str(func(c *Config) *string { return &c.Tracing.OTLPEndpoint })},
+	{"tracing.service_name", "OUTBOX_CDC_TRACING_SERVICE_NAME", "", "", str(func(c *Config) *string { return &c.Tracing.ServiceName })},
+	{"tracing.sample_ratio", "OUTBOX_CDC_TRACING_SAMPLE_RATIO", "", "", float(func(c *Config) *float64 { return &c.Tracing.SampleRatio })},
 	{"shutdown_timeout", "OUTBOX_CDC_SHUTDOWN_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 }
 

@@ -232,6 +232,11 @@ func FromDebezium(props map[string]string) Conversion {
 	if v := router("route.tombstone.on.empty.payload"); v == "true" {
 		d["tombstone_on_empty_payload"] = true
 	}
+	if v := router("tracing.span.context.field"); v != "" {
+		cols["trace_context"] = v
+	} else {
+		note("tracing: Debezium propagates the trace context of a tracingspancontext column only with OpenTelemetry on the worker's classpath; if yours has it, set postgres.columns.trace_context: tracingspancontext")
+	}
 	if v := router("table.field.event.schema.version"); v != "" {
 		note("table.field.event.schema.version (%s) is not supported: the value schema's version exists only with a schema-carrying converter", v)
 	}

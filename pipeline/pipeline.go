@@ -15,6 +15,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
@@ -46,6 +47,8 @@ type Pipeline struct {
 	slotID *checkpoint.SlotID
 	// skippedRows counts rows skipped as already in Kafka (exactly-once mode).
 	skippedRows atomic.Int64
+	// tracer, if not nil, records the records' spans.
+	tracer trace.Tracer
 }
 
 // Option configures a Pipeline.
@@ -54,6 +57,11 @@ type Option func(*Pipeline)
 // WithObserver has the router report every acknowledged record to o (for metrics).
 func WithObserver(o router.Observer) Option {
 	return func(p *Pipeline) { p.observer = o }
+}
+
+// WithTracer has the router record a producer span per record with t (tracing.otlp_endpoint).
+func WithTracer(t trace.Tracer) Option {
+	return func(p *Pipeline) { p.tracer = t }
 }
 
 // WithAcceptGap lets the exactly-once mode start from a slot that stands ahead of the last checkpoint
@@ -123,6 +131,7 @@ func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRol
 		{Column: c.AggregateVersion, Key: "postgres.columns.aggregate_version"},
 		{Column: c.Headers, Key: "postgres.columns.headers"},
 		{Column: c.CreatedAt, Key: "postgres.columns.created_at"},
+		{Column: c.TraceContext, Key: "postgres.columns.trace_context"},
 	} {
 		if o.Column != "" {
 			roles = append(roles, o)
@@ -787,7 +796,7 @@ func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
 	cfg := p.cfg
 	opts := router.Options{
 		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
-		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer,
+		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer,
 	}
 	if cfg.Kafka.ExactlyOnce() && p.slotID != nil {
 		opts.Transactions = &router.Transactions{Slot: *p.slotID, Topic: cfg.Kafka.CheckpointTopic, Timeout: cfg.Kafka.TransactionTimeout}

@@ -42,7 +42,9 @@ type typedRow interface {
 // with it still carries what could be read, for the dead-letter topic.
 func buildRecord(row Row, cols config.Columns, f Format) (*kgo.Record, error) {
 	if f.Debezium != nil {
-		return buildDebeziumRecord(row, cols, f.Debezium)
+		rec, err := buildDebeziumRecord(row, cols, f.Debezium)
+		addTraceContext(rec, row, cols.TraceContext, false)
+		return rec, err
 	}
 	rec := &kgo.Record{Headers: make([]kgo.RecordHeader, 0, 8)}
 	var problem error
@@ -113,6 +115,7 @@ func buildRecord(row Row, cols config.Columns, f Format) (*kgo.Record, error) {
 			rec.Headers = append(rec.Headers, extra...)
 		}
 	}
+	addTraceContext(rec, row, cols.TraceContext, f.CloudEvents)
 	return rec, problem
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/outbox"
@@ -52,6 +53,9 @@ type Options struct {
 	Transactions *Transactions
 	// ExtraOpts are appended to the franz-go options (tests use them to point at kfake).
 	ExtraOpts []kgo.Opt
+	// Tracer, if not nil, records a producer span per record, child of the row's trace context, and
+	// hands the span's context on in the record's traceparent header.
+	Tracer trace.Tracer
 }
 
 // Counters count the router's work. All fields are safe for concurrent reads.
@@ -325,6 +329,7 @@ type Prepared struct {
 	dlqReason string // non-empty: the record goes to the dead-letter topic for this reason
 	dlqClass  string
 	typ       string // the event type, for the metrics' labels
+	span      trace.Span
 }
 
 // Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
@@ -353,12 +358,17 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 			class = "too_large"
 		}
 	}
+	var span trace.Span
 	if problem == nil {
 		r.stamp(rec, row, src, info)
+		if r.opts.Tracer != nil {
+			span = r.startSpan(rec, src)
+			size = recordSize(rec)
+		}
 	}
 	// The real size counts against the byte cap, however large: a record over the cap waits until
 	// nothing else is in flight and then goes alone.
-	p := &Prepared{rec: rec, src: src, size: int64(size)}
+	p := &Prepared{rec: rec, src: src, size: int64(size), span: span}
 	if t, ok := row.Value(r.opts.Columns.EventType); ok && r.opts.Columns.EventType != "" {
 		p.typ = string(t)
 	}
@@ -408,10 +418,11 @@ func (p *Prepared) Topic() string {
 // dead-letter record, is acknowledged. A final produce error fails the router instead: ack never
 // runs, so the slot never moves past the record.
 func (r *Router) Produce(p *Prepared, ack func()) {
-	if r.Err() != nil {
+	if err := r.Err(); err != nil {
 		// Failed since Prepare: nothing more goes to Kafka before the replay (never acknowledged,
 		// so the slot never moves past it).
 		r.release(p.size)
+		endSpan(p.span, p.rec, err)
 		return
 	}
 	if err := r.begin(); err != nil {
@@ -444,9 +455,11 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 				}
 				r.opts.Observer.Produced(rec.Topic, p.typ, n, now.Sub(start), e2e)
 			}
+			endSpan(p.span, rec, nil)
 			ack()
 			return
 		}
+		endSpan(p.span, rec, err)
 		switch {
 		case errors.Is(err, kerr.InvalidTopicException):
 			// The topic, not the batch, is at fault: no record can ever go to it.
