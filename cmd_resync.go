@@ -20,6 +20,7 @@ func newResyncCommand() *cobra.Command {
 		yes, snapshotOnly, dryRun bool
 		since, until              string
 		eventTypes, aggregateIDs  []string
+		only                      []string
 	)
 	cmd := &cobra.Command{
 		Use:   "resync",
@@ -53,10 +54,15 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
   outbox-cdc resync --yes --snapshot-only`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			all, err := loadConfig(cmd)
 			if err != nil {
 				return err
 			}
+			picked, err := pickSources(all, only, true)
+			if err != nil {
+				return err
+			}
+			cfg := picked[0]
 			opts := pipeline.ResyncOptions{
 				Yes: yes, SnapshotOnly: snapshotOnly, DryRun: dryRun,
 				EventTypes: eventTypes, AggregateIDs: aggregateIDs, Out: cmd.OutOrStdout(),
@@ -95,6 +101,7 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringSliceVar(&only, "source", nil, "with a sources list: the source to resync (required when there are several)")
 	f.BoolVar(&yes, "yes", false, "drop and recreate an existing slot without asking")
 	f.BoolVar(&snapshotOnly, "snapshot-only", false, "stop after the snapshot, leaving the slot for a later run")
 	f.BoolVar(&dryRun, "dry-run", false, "print what would be published (count per topic) and change nothing")

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/fleet"
 	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/internal/tracing"
 	"github.com/outbox-cdc/outbox-cdc/metrics"
@@ -18,6 +19,7 @@ import (
 
 func newRunCommand() *cobra.Command {
 	var acceptGap bool
+	var only []string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Stream the outbox to Kafka until stopped",
@@ -37,6 +39,11 @@ takeovers. At start the last checkpoint is read back: transactions it holds are 
 that stands ahead of it (dropped and created anew, advanced by hand) is refused unless --accept-gap
 is given.
 
+With a sources list in the configuration file, one process streams every source (or those named by
+--source): each on its own slot and connections, independently; a source that fails for good is held
+with its error (on /readyz and in the logs) and started again after a wait, while the others stream
+on. Metrics carry a source label; /readyz?source=NAME answers for one source.
+
 Environment variables:
 ` + config.EnvReference(),
 		Example: `  # Local services from "make up":
@@ -46,7 +53,10 @@ Environment variables:
   outbox-cdc run --config outbox-cdc.yaml --topic 'outbox.{aggregate_type}' --dlq-topic outbox.dlq
 
   # Exactly-once for read_committed consumers:
-  outbox-cdc run --config outbox-cdc.yaml --delivery exactly-once`,
+  outbox-cdc run --config outbox-cdc.yaml --delivery exactly-once
+
+  # Several sources (a sources list in the file), only two of them in this process:
+  outbox-cdc run --config fleet.yaml --source orders,billing`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
@@ -54,8 +64,15 @@ Environment variables:
 				return err
 			}
 			log := newLogger(os.Stderr, cfg)
+			sources, err := pickSources(cfg, only, false)
+			if err != nil {
+				return err
+			}
+			if acceptGap && len(sources) > 1 {
+				return fmt.Errorf("--accept-gap: name the one source it is for with --source (it accepts a gap in that source's events)")
+			}
 			m := metrics.New()
-			opts := []pipeline.Option{pipeline.WithObserver(m)}
+			var common []pipeline.Option
 			tracer, stopTracing, err := tracing.Setup(cmd.Context(), cfg.Tracing, buildinfo.Read().Version)
 			if err != nil {
 				return err
@@ -69,20 +86,18 @@ Environment variables:
 				}
 			}()
 			if tracer != nil {
-				opts = append(opts, pipeline.WithTracer(tracer))
+				common = append(common, pipeline.WithTracer(tracer))
 				log.Info("tracing: a producer span per record", "otlp_endpoint", cfg.Tracing.OTLPEndpoint, "sample_ratio", cfg.Tracing.SampleRatio)
 			}
 			if acceptGap {
-				opts = append(opts, pipeline.WithAcceptGap())
+				common = append(common, pipeline.WithAcceptGap())
 			}
-			p, err := pipeline.New(cfg, log, opts...)
-			if err != nil {
-				return err
-			}
-			m.Watch(p.Health)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			if cfg.Metrics.Addr != "" {
+			serve := func() error {
+				if cfg.Metrics.Addr == "" {
+					return nil
+				}
 				ln, err := net.Listen("tcp", cfg.Metrics.Addr)
 				if err != nil {
 					return fmt.Errorf("metrics.addr: %w", err)
@@ -93,21 +108,58 @@ Environment variables:
 				}
 				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", paths)
 				go func() {
-					if err := m.Serve(ctx, ln, p.Health, cfg.Metrics.Pprof); err != nil {
+					if err := m.Serve(ctx, ln, cfg.Metrics.Pprof, nil); err != nil {
 						log.Error("metrics endpoint stopped", "error", err.Error())
 					}
 				}()
+				return nil
 			}
-			log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
-				"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
-			if err := p.Run(ctx); err != nil {
-				log.Error("outbox-cdc stopped: retrying cannot fix this; fix it and start again", "error", err.Error())
+			if !cfg.Fleet() {
+				// The one-source shorthand: a permanent error ends the process, as it always has.
+				opts := append([]pipeline.Option{pipeline.WithObserver(m.Source(config.DefaultSourceName))}, common...)
+				p, err := pipeline.New(cfg, log, opts...)
+				if err != nil {
+					return err
+				}
+				m.Watch(config.DefaultSourceName, p.Health)
+				if err := serve(); err != nil {
+					return err
+				}
+				log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
+					"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
+				if err := p.Run(ctx); err != nil {
+					log.Error("outbox-cdc stopped: retrying cannot fix this; fix it and start again", "error", err.Error())
+					return errExit
+				}
+				return nil
+			}
+			var members []fleet.Source
+			names := make([]string, 0, len(sources))
+			for _, s := range sources {
+				members = append(members, fleet.Source{Config: s, Options: append([]pipeline.Option{pipeline.WithObserver(m.Source(s.Name))}, common...)})
+				names = append(names, s.Name)
+			}
+			f, err := fleet.New(log, m, scrubber(cfg).String, members)
+			if err != nil {
+				return fmt.Errorf("invalid configuration: %w", err)
+			}
+			if err := serve(); err != nil {
+				return err
+			}
+			log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "sources", names)
+			for _, s := range sources {
+				log.Info("source", "source", s.Name, "postgres", s.PostgresTarget(), "brokers", s.Kafka.Brokers, "table", s.Postgres.Table,
+					"slot", s.Postgres.Slot, "delivery", s.Kafka.Delivery)
+			}
+			if err := f.Run(ctx); err != nil {
+				log.Error("outbox-cdc stopped", "error", err.Error())
 				return errExit
 			}
 			return nil
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
+	cmd.Flags().StringSliceVar(&only, "source", nil, "with a sources list: stream only these sources (repeat the flag or separate names by commas)")
 	cmd.Flags().BoolVar(&acceptGap, "accept-gap", false, "exactly-once mode: start even though the slot stands ahead of the last checkpoint in Kafka (events between them may never have reached Kafka)")
 	return cmd
 }

@@ -17,6 +17,7 @@ func newStatusCommand() *cobra.Command {
 		maxLag      int64
 		maxInactive time.Duration
 		standbys    []string
+		only        []string
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -47,26 +48,33 @@ wait forever), a configured standby not ready — so it can drive an alert or a 
 			if err != nil {
 				return err
 			}
-			cfg.Postgres.StandbyURLs = append(cfg.Postgres.StandbyURLs, standbys...)
+			sources, err := pickSources(cfg, only, false)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			st := ops.GatherStatus(ctx, cfg)
-			st.Evaluate(ops.Thresholds{MaxLagBytes: maxLag, MaxInactive: maxInactive})
-			st.Scrub(scrubber(cfg).String)
-			if asJSON {
-				if err := st.WriteJSON(cmd.OutOrStdout()); err != nil {
-					return err
-				}
-			} else {
-				st.Print(cmd.OutOrStdout())
+			var all []ops.SourceStatus
+			healthy := true
+			for _, src := range sources {
+				src.Postgres.StandbyURLs = append(src.Postgres.StandbyURLs, standbys...)
+				st := ops.GatherStatus(ctx, src)
+				st.Evaluate(ops.Thresholds{MaxLagBytes: maxLag, MaxInactive: maxInactive})
+				st.Scrub(scrubber(cfg).String)
+				healthy = healthy && st.Healthy
+				all = append(all, ops.SourceStatus{Name: src.Name, Status: st})
 			}
-			if !st.Healthy {
+			if err := ops.WriteStatuses(cmd.OutOrStdout(), all, cfg.Fleet(), asJSON); err != nil {
+				return err
+			}
+			if !healthy {
 				return errUnhealthy
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	cmd.Flags().StringSliceVar(&only, "source", nil, "with a sources list: report only these sources")
 	cmd.Flags().StringArrayVar(&standbys, "standby", nil, "a standby's PostgreSQL URL whose readiness to take over the slot is checked (repeatable; adds to postgres.standby_urls)")
 	cmd.Flags().Int64Var(&maxLag, "max-lag-bytes", 1<<30, "unhealthy when the slot lags pg_current_wal_lsn() by more")
 	cmd.Flags().DurationVar(&maxInactive, "max-inactive", 5*time.Minute, "unhealthy when the slot has been inactive longer (PostgreSQL 17+)")

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -92,3 +93,32 @@ func newLogger(w io.Writer, cfg config.Config) *slog.Logger {
 
 // errExit is returned for failures already reported in the log.
 var errExit = errors.New("stopped on error (see the log above)")
+
+// pickSources returns the sources a command acts on: those named (--source), else every source of
+// the configuration. With one, the command needs exactly one: with a sources list, --source must
+// name it.
+func pickSources(cfg config.Config, names []string, one bool) ([]config.Config, error) {
+	if len(names) == 0 {
+		all := cfg.Sources()
+		if one && len(all) > 1 {
+			list := make([]string, len(all))
+			for i, s := range all {
+				list[i] = s.Name
+			}
+			return nil, fmt.Errorf("--source: the configuration has %d sources (%s): name the one to act on", len(all), strings.Join(list, ", "))
+		}
+		return all, nil
+	}
+	if one && len(names) > 1 {
+		return nil, fmt.Errorf("--source: this command acts on one source, got %d", len(names))
+	}
+	var out []config.Config
+	for _, name := range names {
+		s, err := cfg.Source(name)
+		if err != nil {
+			return nil, fmt.Errorf("--source: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

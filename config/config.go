@@ -40,6 +40,15 @@ type Config struct {
 	Tracing Tracing `yaml:"tracing"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// SourceList is the sources list: several outbox tables or databases streamed by one process (or
+	// shared by several instances), each entry's keys over the top-level ones. Empty: the top-level
+	// configuration is the one source (named DefaultSourceName). Sources returns each one whole.
+	SourceList []Source `yaml:"sources,omitempty"`
+
+	// Name is the source's name in a configuration returned by Sources (not a key of the file).
+	Name string `yaml:"-"`
+	// resolved is every source's whole configuration, built by Load from SourceList.
+	resolved []Config
 
 	// envPassword is PGPASSWORD from the environment Load read: pgx uses it when the URL has no
 	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
@@ -434,12 +443,18 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// Validate checks the whole configuration and returns every problem, each naming its key.
+// Validate checks the whole configuration (one source's) and returns every problem, each naming its
+// key.
 func (c *Config) Validate() error {
 	var errs []error
-	bad := func(key, format string, args ...any) {
+	c.validate(func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
-	}
+	})
+	return errors.Join(errs...)
+}
+
+// validate reports every problem of the configuration to bad, with its key.
+func (c *Config) validate(bad func(key, format string, args ...any)) {
 	if c.Postgres.URL == "" {
 		bad("postgres.url", "is required (flag --postgres or OUTBOX_CDC_POSTGRES)")
 	} else if !strings.HasPrefix(c.Postgres.URL, "postgres://") && !strings.HasPrefix(c.Postgres.URL, "postgresql://") {
@@ -650,7 +665,6 @@ func (c *Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
 	}
-	return errors.Join(errs...)
 }
 
 // Secrets returns every value of the configuration that must never be printed: the candidates for
@@ -670,6 +684,12 @@ func (c *Config) Secrets() []string {
 	}
 	for _, u := range append([]string{c.Postgres.URL}, c.Postgres.StandbyURLs...) {
 		urlSecrets(u, add)
+	}
+	for _, s := range c.SourceList {
+		s.secrets(add)
+	}
+	for _, r := range c.resolved {
+		out = append(out, r.Secrets()...)
 	}
 	return out
 }

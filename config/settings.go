@@ -232,6 +232,13 @@ func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (C
 	if err != nil {
 		return c, err
 	}
+	if c.Fleet() {
+		// The top-level keys are every source's defaults; each source is validated whole.
+		if err := c.resolveSources(func(key string) bool { return explicit[key] }); err != nil {
+			return c, fmt.Errorf("invalid configuration:\n%w", err)
+		}
+		return c, nil
+	}
 	c.ApplyFormatDefaults(func(key string) bool { return explicit[key] })
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("invalid configuration:\n%w", err)

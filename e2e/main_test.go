@@ -312,7 +312,7 @@ func TestTwoRoutersOnOneSlot(t *testing.T) {
 		t.Errorf("/readyz of the instance that took over = %d, want 200", code)
 	}
 	_, body := httpGet(t, standbyAddr, "/metrics")
-	for _, want := range []string{`outbox_cdc_role{role="active"} 1`, `outbox_cdc_events_produced_total{event_type="InventoryAdjusted"`} {
+	for _, want := range []string{`outbox_cdc_role{role="active",source="default"} 1`, `outbox_cdc_events_produced_total{event_type="InventoryAdjusted",source="default"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics after the takeover lacks %s", want)
 		}
@@ -341,7 +341,7 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 	}
 	testenv.WaitFor(t, 30*time.Second, "records in flight", func() bool {
 		_, body := httpGet(t, addr, "/metrics")
-		return strings.Contains(body, "outbox_cdc_inflight_records 3")
+		return strings.Contains(body, `outbox_cdc_inflight_records{source="default"} 3`)
 	})
 	if c := testenv.MustLSN(t, f.ConfirmedFlushLSN(t)); c >= testenv.MustLSN(t, afterCommit) {
 		t.Fatalf("confirmed %s before the records were acknowledged", c)
@@ -568,12 +568,12 @@ func TestSilentConnectionIsNotReportedHealthy(t *testing.T) {
 	})
 	noticed := time.Since(holed)
 	_, metrics := httpGet(t, addr, "/metrics")
-	if !strings.Contains(metrics, `outbox_cdc_role{role="active"} 0`) {
+	if !strings.Contains(metrics, `outbox_cdc_role{role="active",source="default"} 0`) {
 		t.Errorf("role still active after the connection went silent")
 	}
 	testenv.WaitFor(t, 20*time.Second, "the slot monitor to count its failure", func() bool {
 		_, m := httpGet(t, addr, "/metrics")
-		return !strings.Contains(m, "outbox_cdc_slot_monitor_errors_total 0")
+		return !strings.Contains(m, `outbox_cdc_slot_monitor_errors_total{source="default"} 0`)
 	})
 	testenv.WaitFor(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := httpGet(t, addr, "/readyz"); return code == 200 })
 	t.Logf("/readyz said %q %s after the black hole (receive timeout 4s); ready again after %s",

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	httppprof "net/http/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
@@ -27,19 +29,26 @@ const namespace = "outbox_cdc"
 // combinations are counted under "_other", so a runaway event_type cannot blow up the series count.
 const maxLabelSets = 200
 
-// Metrics holds the registry and the metrics that are pushed as records are acknowledged. It
-// implements router.Observer.
+// Metrics holds the registry and the metrics that are pushed as records are acknowledged, labelled
+// by source. Source returns one source's router.Observer; Watch adds a source's health.
 type Metrics struct {
 	reg            *prometheus.Registry
 	produced       *prometheus.CounterVec
 	deadLettered   *prometheus.CounterVec
-	produceLatency prometheus.Histogram
-	endToEnd       prometheus.Histogram
-	txnRecords     prometheus.Histogram
-	txnCommit      prometheus.Histogram
+	produceLatency *prometheus.HistogramVec
+	endToEnd       *prometheus.HistogramVec
+	txnRecords     *prometheus.HistogramVec
+	txnCommit      *prometheus.HistogramVec
 
-	mu     sync.Mutex
-	labels map[string]bool
+	mu      sync.Mutex
+	labels  map[string]bool
+	sources []watched
+}
+
+// watched is one source whose health the metrics and health endpoints read.
+type watched struct {
+	name   string
+	health func() pipeline.Health
 }
 
 // New creates the metrics with their own registry (no global state), including Go runtime and
@@ -50,31 +59,31 @@ func New() *Metrics {
 		produced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "events_produced_total",
 			Help: "Events acknowledged by Kafka on their topic, by topic and event type (at most 200 label sets, then _other).",
-		}, []string{"topic", "event_type"}),
+		}, []string{"source", "topic", "event_type"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "events_dead_lettered_total",
 			Help: "Events acknowledged on the dead-letter topic, by event type and reason (unroutable, undecodable, too_large, rejected).",
-		}, []string{"event_type", "reason"}),
-		produceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"source", "event_type", "reason"}),
+		produceLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "produce_latency_seconds",
 			Help:    "Time from handing a record to the Kafka client to its acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"source"}),
+		endToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "end_to_end_latency_seconds",
 			Help:    "Time from the transaction's commit (its Begin message's commit time) to the Kafka acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
-		}),
-		txnRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"source"}),
+		txnRecords: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "kafka_transaction_records",
 			Help:    "Records per committed Kafka transaction (exactly-once mode; the checkpoint record not counted).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
-		}),
-		txnCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"source"}),
+		txnCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "kafka_transaction_commit_seconds",
 			Help:    "Time to commit a Kafka transaction (exactly-once mode): checkpoint produced, every record acknowledged, transaction ended.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
+		}, []string{"source"}),
 		labels: map[string]bool{},
 	}
 	info := buildinfo.Read()
@@ -88,15 +97,16 @@ func New() *Metrics {
 	}
 	build.WithLabelValues(info.Version, commit, info.GoVersion, info.Platform).Set(1)
 	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		&healthCollector{m: m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // bounded returns the label values to use: valid UTF-8 (row content may be anything, and the
-// client library panics on invalid label values), replaced by _other past maxLabelSets.
-func (m *Metrics) bounded(a, b string) (string, string) {
+// client library panics on invalid label values), replaced by _other past maxLabelSets (over every
+// source).
+func (m *Metrics) bounded(source, a, b string) (string, string) {
 	a, b = strings.ToValidUTF8(a, "\uFFFD"), strings.ToValidUTF8(b, "\uFFFD")
-	key := a + "\x00" + b
+	key := source + "\x00" + a + "\x00" + b
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.labels[key] {
@@ -109,69 +119,143 @@ func (m *Metrics) bounded(a, b string) (string, string) {
 	return a, b
 }
 
+// Source returns the observer of one source's acknowledged records: a router.Observer and
+// router.TxnObserver whose metrics carry source=name.
+func (m *Metrics) Source(name string) *SourceObserver {
+	return &SourceObserver{
+		m: m, name: name,
+		produceLatency: m.produceLatency.WithLabelValues(name),
+		endToEnd:       m.endToEnd.WithLabelValues(name),
+		txnRecords:     m.txnRecords.WithLabelValues(name),
+		txnCommit:      m.txnCommit.WithLabelValues(name),
+	}
+}
+
+// SourceObserver counts one source's acknowledged records; create it with Metrics.Source.
+type SourceObserver struct {
+	m                                               *Metrics
+	name                                            string
+	produceLatency, endToEnd, txnRecords, txnCommit prometheus.Observer
+}
+
 // Produced implements router.Observer.
-func (m *Metrics) Produced(topic, eventType string, _ int, produceLatency, endToEnd time.Duration) {
-	topic, eventType = m.bounded(topic, eventType)
-	m.produced.WithLabelValues(topic, eventType).Inc()
-	m.produceLatency.Observe(produceLatency.Seconds())
+func (o *SourceObserver) Produced(topic, eventType string, _ int, produceLatency, endToEnd time.Duration) {
+	topic, eventType = o.m.bounded(o.name, topic, eventType)
+	o.m.produced.WithLabelValues(o.name, topic, eventType).Inc()
+	o.produceLatency.Observe(produceLatency.Seconds())
 	if endToEnd > 0 {
-		m.endToEnd.Observe(endToEnd.Seconds())
+		o.endToEnd.Observe(endToEnd.Seconds())
 	}
 }
 
 // DeadLettered implements router.Observer.
-func (m *Metrics) DeadLettered(eventType, reason string) {
-	eventType, reason = m.bounded("dlq:"+eventType, reason)
-	m.deadLettered.WithLabelValues(eventType[len("dlq:"):], reason).Inc()
+func (o *SourceObserver) DeadLettered(eventType, reason string) {
+	eventType, reason = o.m.bounded(o.name, "dlq:"+eventType, reason)
+	o.m.deadLettered.WithLabelValues(o.name, eventType[len("dlq:"):], reason).Inc()
 }
 
 // TransactionCommitted implements router.TxnObserver.
-func (m *Metrics) TransactionCommitted(records int, commitLatency time.Duration) {
-	m.txnRecords.Observe(float64(records))
-	m.txnCommit.Observe(commitLatency.Seconds())
+func (o *SourceObserver) TransactionCommitted(records int, commitLatency time.Duration) {
+	o.txnRecords.Observe(float64(records))
+	o.txnCommit.Observe(commitLatency.Seconds())
 }
 
-// Watch registers the metrics read from the pipeline's health at every scrape.
-func (m *Metrics) Watch(health func() pipeline.Health) {
-	m.reg.MustRegister(&healthCollector{health: health})
+// Watch adds a source whose health is read at every scrape and by /readyz. A name watched again
+// replaces the earlier one.
+func (m *Metrics) Watch(name string, health func() pipeline.Health) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.sources {
+		if m.sources[i].name == name {
+			m.sources[i].health = health
+			return
+		}
+	}
+	m.sources = append(m.sources, watched{name: name, health: health})
+}
+
+// Unwatch removes a source (one this instance no longer streams): its series disappear.
+func (m *Metrics) Unwatch(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sources = slices.DeleteFunc(m.sources, func(w watched) bool { return w.name == name })
+}
+
+// watchedSources returns the sources watched now, in the order they were added.
+func (m *Metrics) watchedSources() []watched {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.sources)
 }
 
 // Registry returns the registry, for tests and embedding.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves /metrics, /healthz and /readyz.
-func (m *Metrics) Handler(health func() pipeline.Health) http.Handler {
+// Handler serves /metrics, /healthz and /readyz. /readyz answers 200 when every watched source is
+// ready (with ?standby=ready, a hot standby ready to take over counts too), and ?source=NAME scopes
+// it to one source; its body says each source's state and warnings.
+func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		s := health()
-		// ?standby=ready: a hot standby ready to take over counts too, as a two-replica deployment's
-		// readiness probe needs (otherwise its rollouts and drains wait forever for the standby).
-		if !s.Ready && !(s.StandbyReady && r.URL.Query().Get("standby") == "ready") {
+		sources := m.watchedSources()
+		if name := r.URL.Query().Get("source"); name != "" {
+			sources = slices.DeleteFunc(sources, func(s watched) bool { return s.name != name })
+			if len(sources) == 0 {
+				http.Error(w, fmt.Sprintf("no source %q on this instance", name), http.StatusNotFound)
+				return
+			}
+		}
+		// A two-replica deployment's probe counts a hot standby ready to take over as ready, or its
+		// rollouts and drains would wait forever for the standby.
+		standbyOK := r.URL.Query().Get("standby") == "ready"
+		ready := len(sources) > 0
+		var body strings.Builder
+		if len(sources) == 0 {
+			body.WriteString("no source on this instance\n")
+		}
+		for _, src := range sources {
+			s := src.health()
+			if !s.Ready && !(s.StandbyReady && standbyOK) {
+				ready = false
+			}
+			prefix := ""
+			if len(sources) > 1 || src.name != config.DefaultSourceName {
+				prefix = src.name + ": "
+			}
+			fmt.Fprintln(&body, prefix+s.NotReady)
+			for _, warning := range s.Warnings {
+				fmt.Fprintln(&body, prefix+"warning: "+warning)
+			}
+		}
+		if !ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		fmt.Fprintln(w, s.NotReady)
-		for _, warning := range s.Warnings {
-			fmt.Fprintln(w, "warning: "+warning)
-		}
+		fmt.Fprint(w, body.String())
 	})
 	return mux
 }
 
-// Serve serves Handler on ln until ctx ends; with pprof, Go's profiles too, under /debug/pprof/.
-func (m *Metrics) Serve(ctx context.Context, ln net.Listener, health func() pipeline.Health, pprof bool) error {
-	handler := m.Handler(health)
-	if pprof {
+// Serve serves Handler on ln until ctx ends; with pprof, Go's profiles too, under /debug/pprof/;
+// extra handlers (the fleet API) are served at their paths.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener, pprof bool, extra map[string]http.Handler) error {
+	handler := m.Handler()
+	if pprof || len(extra) > 0 {
 		mux := http.NewServeMux()
 		mux.Handle("/", handler)
-		mux.HandleFunc("/debug/pprof/", httppprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+		if pprof {
+			mux.HandleFunc("/debug/pprof/", httppprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+		}
+		for path, h := range extra {
+			mux.Handle(path, h)
+		}
 		handler = mux
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
@@ -187,13 +271,14 @@ func (m *Metrics) Serve(ctx context.Context, ln net.Listener, health func() pipe
 	return nil
 }
 
-// healthCollector turns one reading of the pipeline's health per scrape into metrics.
+// healthCollector turns one reading of each watched source's health per scrape into metrics.
 type healthCollector struct {
-	health func() pipeline.Health
+	m *Metrics
 }
 
+// desc describes a metric read from a source's health: labelled source first, then labels.
 func desc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, append([]string{"source"}, labels...), nil)
 }
 
 var (
@@ -232,12 +317,18 @@ func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.health()
+	for _, src := range c.m.watchedSources() {
+		collectSource(ch, src.name, src.health())
+	}
+}
+
+// collectSource sends one source's metrics.
+func collectSource(ch chan<- prometheus.Metric, source string, s pipeline.Health) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, append([]string{source}, labels...)...)
 	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{source}, labels...)...)
 	}
 	counter(descDecoded, float64(s.Rows))
 	counter(descTransactions, float64(s.Transactions))

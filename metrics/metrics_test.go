@@ -13,6 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -61,7 +62,8 @@ func TestHealthEndpoints(t *testing.T) {
 	}
 	for _, tt := range tests {
 		m := New()
-		h := m.Handler(fixedHealth(tt.state))
+		m.Watch(config.DefaultSourceName, fixedHealth(tt.state))
+		h := m.Handler()
 		if code, body := get(t, h, "/readyz"); code != tt.code || !strings.Contains(body, tt.contains) {
 			t.Errorf("%s: /readyz = %d %q, want %d containing %q", tt.state, code, body, tt.code, tt.contains)
 		}
@@ -85,38 +87,39 @@ func TestHealthEndpoints(t *testing.T) {
 func TestMetricsExposition(t *testing.T) {
 	m := New()
 	snap := fixedHealth(pipeline.StateStreaming)
-	m.Watch(snap)
-	m.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
-	m.DeadLettered("OrderPaid", "too_large")
-	m.TransactionCommitted(250, 4*time.Millisecond)
-	_, body := get(t, m.Handler(snap), "/metrics")
+	m.Watch("s1", snap)
+	o := m.Source("s1")
+	o.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
+	o.DeadLettered("OrderPaid", "too_large")
+	o.TransactionCommitted(250, 4*time.Millisecond)
+	_, body := get(t, m.Handler(), "/metrics")
 	for _, want := range []string{
-		`outbox_cdc_events_produced_total{event_type="OrderPaid",topic="orders"} 1`,
-		`outbox_cdc_events_dead_lettered_total{event_type="OrderPaid",reason="too_large"} 1`,
-		`outbox_cdc_events_decoded_total 10`,
-		`outbox_cdc_ignored_operations_total{operation="delete"} 3`,
-		`outbox_cdc_slot_lag_bytes 1000`,
-		`outbox_cdc_failover_phantom_risk 1`,
+		`outbox_cdc_events_produced_total{event_type="OrderPaid",source="s1",topic="orders"} 1`,
+		`outbox_cdc_events_dead_lettered_total{event_type="OrderPaid",reason="too_large",source="s1"} 1`,
+		`outbox_cdc_events_decoded_total{source="s1"} 10`,
+		`outbox_cdc_ignored_operations_total{operation="delete",source="s1"} 3`,
+		`outbox_cdc_slot_lag_bytes{source="s1"} 1000`,
+		`outbox_cdc_failover_phantom_risk{source="s1"} 1`,
 		`outbox_cdc_build_info{commit=`,
-		`outbox_cdc_seconds_behind 1.5`,
-		`outbox_cdc_role{role="active"} 1`,
-		`outbox_cdc_role{role="standby"} 0`,
-		`outbox_cdc_slot_wal_status{status="reserved"} 1`,
-		`outbox_cdc_errors_total{class="kafka"} 2`,
-		`outbox_cdc_reconnects_total 2`,
-		`outbox_cdc_end_to_end_latency_seconds_count 1`,
-		`outbox_cdc_produce_latency_seconds_count 1`,
-		`outbox_cdc_inflight_records 1`,
-		`outbox_cdc_slot_monitor_errors_total 1`,
-		`outbox_cdc_slot_monitor_last_success_timestamp_seconds`,
-		`outbox_cdc_server_silence_seconds`,
-		`outbox_cdc_slot_active 1`,
-		`outbox_cdc_kafka_transactions_total{result="committed"} 7`,
-		`outbox_cdc_kafka_transactions_total{result="aborted"} 1`,
-		`outbox_cdc_checkpoint_lsn 4800`,
-		`outbox_cdc_events_skipped_total 12`,
-		`outbox_cdc_kafka_transaction_records_count 1`,
-		`outbox_cdc_kafka_transaction_commit_seconds_count 1`,
+		`outbox_cdc_seconds_behind{source="s1"} 1.5`,
+		`outbox_cdc_role{role="active",source="s1"} 1`,
+		`outbox_cdc_role{role="standby",source="s1"} 0`,
+		`outbox_cdc_slot_wal_status{source="s1",status="reserved"} 1`,
+		`outbox_cdc_errors_total{class="kafka",source="s1"} 2`,
+		`outbox_cdc_reconnects_total{source="s1"} 2`,
+		`outbox_cdc_end_to_end_latency_seconds_count{source="s1"} 1`,
+		`outbox_cdc_produce_latency_seconds_count{source="s1"} 1`,
+		`outbox_cdc_inflight_records{source="s1"} 1`,
+		`outbox_cdc_slot_monitor_errors_total{source="s1"} 1`,
+		`outbox_cdc_slot_monitor_last_success_timestamp_seconds{source="s1"}`,
+		`outbox_cdc_server_silence_seconds{source="s1"}`,
+		`outbox_cdc_slot_active{source="s1"} 1`,
+		`outbox_cdc_kafka_transactions_total{result="committed",source="s1"} 7`,
+		`outbox_cdc_kafka_transactions_total{result="aborted",source="s1"} 1`,
+		`outbox_cdc_checkpoint_lsn{source="s1"} 4800`,
+		`outbox_cdc_events_skipped_total{source="s1"} 12`,
+		`outbox_cdc_kafka_transaction_records_count{source="s1"} 1`,
+		`outbox_cdc_kafka_transaction_commit_seconds_count{source="s1"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -133,18 +136,18 @@ func TestUnknownIsNotShownAsHealthy(t *testing.T) {
 			LastServerMessage: time.Now().Add(-time.Minute), Errors: map[string]int64{}, SlotMonitorErrors: 3}
 	}
 	m := New()
-	m.Watch(snap)
-	h := m.Handler(snap)
+	m.Watch("s1", snap)
+	h := m.Handler()
 	if code, body := get(t, h, "/readyz"); code != 503 || !strings.Contains(body, "silent") {
 		t.Fatalf("/readyz = %d %q, want 503 saying silent", code, body)
 	}
 	_, body := get(t, h, "/metrics")
-	for _, want := range []string{`outbox_cdc_role{role="active"} 0`, `outbox_cdc_slot_wal_status{status="unknown"} 1`, `outbox_cdc_slot_monitor_errors_total 3`} {
+	for _, want := range []string{`outbox_cdc_role{role="active",source="s1"} 0`, `outbox_cdc_slot_wal_status{source="s1",status="unknown"} 1`, `outbox_cdc_slot_monitor_errors_total{source="s1"} 3`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	for _, absent := range []string{"outbox_cdc_slot_lag_bytes ", "outbox_cdc_slot_monitor_last_success_timestamp_seconds "} {
+	for _, absent := range []string{"outbox_cdc_slot_lag_bytes{", "outbox_cdc_slot_monitor_last_success_timestamp_seconds{"} {
 		if strings.Contains(body, absent) {
 			t.Errorf("/metrics shows %s though nothing is known", absent)
 		}
@@ -153,8 +156,9 @@ func TestUnknownIsNotShownAsHealthy(t *testing.T) {
 
 func TestLabelCardinalityIsBounded(t *testing.T) {
 	m := New()
+	o := m.Source("s1")
 	for i := 0; i < 1000; i++ {
-		m.Produced("topic", "Type"+strings.Repeat("x", i%500)+string(rune('a'+i%26)), 1, time.Millisecond, 0)
+		o.Produced("topic", "Type"+strings.Repeat("x", i%500)+string(rune('a'+i%26)), 1, time.Millisecond, 0)
 	}
 	families, err := m.Registry().Gather()
 	if err != nil {
@@ -175,9 +179,9 @@ func TestLabelCardinalityIsBounded(t *testing.T) {
 // rules is a metric this package exposes.
 func TestDashboardsUseExistingMetrics(t *testing.T) {
 	m := New()
-	m.Watch(fixedHealth(pipeline.StateStreaming))
-	m.Produced("t", "e", 1, time.Millisecond, time.Millisecond)
-	m.DeadLettered("e", "unroutable")
+	m.Watch("s1", fixedHealth(pipeline.StateStreaming))
+	m.Source("s1").Produced("t", "e", 1, time.Millisecond, time.Millisecond)
+	m.Source("s1").DeadLettered("e", "unroutable")
 	families, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -236,11 +240,13 @@ func TestDashboardsUseExistingMetrics(t *testing.T) {
 func TestInvalidUTF8LabelsNeverPanic(t *testing.T) {
 	m := New()
 	bad := "Order\xff\xfePaid"
-	m.Produced("orders", bad, 10, time.Millisecond, time.Millisecond)
-	m.DeadLettered(bad, "unroutable")
-	m.DeadLettered("\xc3", "rejected")
+	o := m.Source("s1")
+	o.Produced("orders", bad, 10, time.Millisecond, time.Millisecond)
+	o.DeadLettered(bad, "unroutable")
+	o.DeadLettered("\xc3", "rejected")
+	m.Watch("s1", fixedHealth(pipeline.StateStreaming))
 	rec := httptest.NewRecorder()
-	m.Handler(fixedHealth(pipeline.StateStreaming)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body := rec.Body.String()
 	if !strings.Contains(body, `event_type="Order`+"\uFFFD"+`Paid"`) {
 		t.Fatalf("the invalid event type is not counted under its sanitized name:\n%s", body)
@@ -290,5 +296,45 @@ func TestDashboardIsScopedToADeployment(t *testing.T) {
 		if !seen[want] {
 			t.Errorf("no panel shows %s", want)
 		}
+	}
+}
+
+// TestSources: every source's metrics carry its label, one source's failure leaves the others'
+// readiness alone, /readyz?source= scopes to one, and an unwatched source's series disappear.
+func TestSources(t *testing.T) {
+	m := New()
+	m.Watch("orders", fixedHealth(pipeline.StateStreaming))
+	m.Watch("billing", fixedHealth(pipeline.StateStarting))
+	m.Source("orders").Produced("orders", "OrderPaid", 1, time.Millisecond, time.Millisecond)
+	h := m.Handler()
+	_, body := get(t, h, "/metrics")
+	for _, want := range []string{
+		`outbox_cdc_role{role="active",source="orders"} 1`,
+		`outbox_cdc_role{role="active",source="billing"} 0`,
+		`outbox_cdc_role{role="starting",source="billing"} 1`,
+		`outbox_cdc_events_produced_total{event_type="OrderPaid",source="orders",topic="orders"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if code, body := get(t, h, "/readyz"); code != 503 || !strings.Contains(body, "orders: streaming") || !strings.Contains(body, "billing: starting") {
+		t.Errorf("/readyz = %d %q: want 503 naming each source's state", code, body)
+	}
+	if code, _ := get(t, h, "/readyz?source=orders"); code != 200 {
+		t.Errorf("/readyz?source=orders = %d, want 200 while billing fails", code)
+	}
+	if code, _ := get(t, h, "/readyz?source=billing"); code != 503 {
+		t.Errorf("/readyz?source=billing = %d, want 503", code)
+	}
+	if code, _ := get(t, h, "/readyz?source=nope"); code != 404 {
+		t.Errorf("/readyz?source=nope = %d, want 404", code)
+	}
+	m.Unwatch("billing")
+	if _, body := get(t, h, "/metrics"); strings.Contains(body, `source="billing"`) && strings.Contains(body, "outbox_cdc_role{") && strings.Contains(body, `role="starting",source="billing"`) {
+		t.Error("an unwatched source's health series remain")
+	}
+	if code, _ := get(t, h, "/readyz"); code != 200 {
+		t.Errorf("/readyz after unwatching the failing source = %d, want 200", code)
 	}
 }

@@ -412,3 +412,46 @@ func bytesHuman(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// SourceStatus is one source's status report, named.
+type SourceStatus struct {
+	Name string `json:"name"`
+	Status
+}
+
+// WriteStatuses writes the reports of one or more sources, as JSON or as tables for people. With a
+// sources list (fleet) the JSON is {"healthy": ..., "sources": [{"name": ..., <report>}, ...]} and
+// each table is headed by its source's name; otherwise the one report is written as it always was.
+func WriteStatuses(w io.Writer, all []SourceStatus, fleet, asJSON bool) error {
+	if !fleet && len(all) == 1 {
+		if asJSON {
+			return all[0].WriteJSON(w)
+		}
+		all[0].Print(w)
+		return nil
+	}
+	if asJSON {
+		healthy := true
+		for i := range all {
+			emptyLists(reflect.ValueOf(&all[i].Status).Elem())
+			healthy = healthy && all[i].Healthy
+		}
+		if all == nil {
+			all = []SourceStatus{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Healthy bool           `json:"healthy"`
+			Sources []SourceStatus `json:"sources"`
+		}{healthy, all})
+	}
+	for i, s := range all {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "== source %s\n", s.Name)
+		s.Print(w)
+	}
+	return nil
+}

@@ -64,6 +64,10 @@ type Health struct {
 	PhantomRisk, PhantomRiskKnown bool
 	// Warnings are risks the operator should know of that do not make the pipeline unready.
 	Warnings []string
+	// LastError is the last failure that ended a session or stopped the pipeline (as it was logged:
+	// scrub it before showing it), at LastErrorAt; empty before the first.
+	LastError   string
+	LastErrorAt time.Time
 }
 
 // observed is the pipeline's mutable state read by Health.
@@ -73,6 +77,8 @@ type observed struct {
 	backendPID  int // the walsender of the current session, 0 without one
 	restarts    int64
 	errors      map[string]int64
+	lastError   string
+	lastErrorAt time.Time
 	slot        replication.SlotState // valid when slotAt is not zero
 	slotAt      time.Time
 	slotErrors  int64
@@ -117,14 +123,15 @@ func (o *observed) markVerified(at time.Time) {
 	o.mu.Unlock()
 }
 
-func (o *observed) countError(class string) {
+func (o *observed) countError(err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.errors == nil {
 		o.errors = map[string]int64{}
 	}
-	o.errors[class]++
+	o.errors[errorClass(err)]++
 	o.restarts++
+	o.lastError, o.lastErrorAt = err.Error(), time.Now()
 }
 
 // errorClass names the part of the system an error came from, for the errors metric.
@@ -185,6 +192,7 @@ func (p *Pipeline) Health() Health {
 	s.SlotKnown = !s.SlotObservedAt.IsZero() && time.Since(s.SlotObservedAt) <= slotStale
 	s.SlotMonitorErrors, s.SlotMonitorLastSuccess = p.obs.slotErrors, p.obs.slotSuccess
 	s.LastVerified = p.obs.verified
+	s.LastError, s.LastErrorAt = p.obs.lastError, p.obs.lastErrorAt
 	s.CheckpointLSN = uint64(p.obs.checkpoint)
 	if r := p.obs.phantomRisk; r != nil {
 		s.PhantomRisk, s.PhantomRiskKnown = *r, true

@@ -259,7 +259,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			return nil
 		}
 		if permanent(err) {
-			p.obs.countError(errorClass(err))
+			p.obs.countError(err)
 			return err
 		}
 		var wait time.Duration
@@ -275,7 +275,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				bo.Reset() // the last session worked for a while: this is a new failure, not the same one again
 			}
 			wait = min(bo.NextBackOff(), maxBackoff)
-			p.obs.countError(errorClass(err))
+			p.obs.countError(err)
 			if c.streamed.IsZero() {
 				p.log.Warn("cannot start a session (transient failure); retrying after backoff", "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
 			} else {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,15 @@ func Delivery() string {
 		return v
 	}
 	return "at-least-once"
+}
+
+// ConsumerOpts are the consumer options that read what the suite's delivery mode delivers: only
+// committed records in the exactly-once mode (isolation.level=read_committed), every record otherwise.
+func ConsumerOpts() []kgo.Opt {
+	if Delivery() == "exactly-once" {
+		return []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}
+	}
+	return nil
 }
 
 func requireIntegration(t testing.TB) {
@@ -159,13 +169,118 @@ type Fixture struct {
 	TopicPrefix string
 	// DB is a connection of the router role for writing rows.
 	DB *pgx.Conn
+	// Database is the fixture's own database (NewDatabaseFixture), empty for the shared one.
+	Database string
 }
 
 // NewFixture creates the test's outbox table from sql/outbox.sql (with its own names) and its
 // publication; the slot is created by the router. Everything is dropped when the test ends.
 func NewFixture(t testing.TB) *Fixture {
 	t.Helper()
-	f := &Fixture{PostgresURL: PostgresURL(t), AdminURL: AdminURL(t), Brokers: Brokers(t)}
+	return newFixture(t, PostgresURL(t), AdminURL(t))
+}
+
+// NewDatabaseFixture is NewFixture in a database of its own, created for the test (owned by the
+// router's role) and dropped when it ends: a source of a fleet, which a test can make unavailable
+// (BlockDatabase) without touching the others.
+func NewDatabaseFixture(t testing.TB) *Fixture {
+	t.Helper()
+	adminURL := AdminURL(t)
+	routerURL := PostgresURL(t)
+	name := fmt.Sprintf("db_%s_%04x", sanitize(t.Name()), rand.IntN(0xffff))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = admin.Close(ctx) }()
+	ru, err := url.Parse(routerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := pgx.Identifier{ru.User.Username()}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" OWNER "+owner); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			t.Errorf("clean up: %v", err)
+			return
+		}
+		defer func() { _ = admin.Close(ctx) }()
+		_, _ = admin.Exec(ctx, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS true")
+		_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
+		for i := 0; i < 50; i++ {
+			if _, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("clean up: drop database %s: %v", name, err)
+		}
+	})
+	f := newFixture(t, withDatabase(t, routerURL, name), withDatabase(t, adminURL, name))
+	f.Database = name
+	return f
+}
+
+// withDatabase returns the URL u connecting to database db.
+func withDatabase(t testing.TB, u, db string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Path = "/" + db
+	return pu.String()
+}
+
+// BlockDatabase makes the fixture's database refuse every connection (as a database that is down
+// would) and ends the ones open, the router's included; the returned function lets them in again.
+func (f *Fixture) BlockDatabase(t testing.TB) (unblock func()) {
+	t.Helper()
+	if f.Database == "" {
+		t.Fatal("BlockDatabase needs a fixture of NewDatabaseFixture")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, withDatabase(t, f.AdminURL, "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = admin.Close(ctx) }()
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+f.Database+" ALLOW_CONNECTIONS false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, f.Database); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, withDatabase(t, f.AdminURL, "postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = admin.Close(ctx) }()
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+f.Database+" ALLOW_CONNECTIONS true"); err != nil {
+			t.Fatal(err)
+		}
+		db, err := pgx.Connect(ctx, f.PostgresURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.DB = db // the old connection was ended
+	}
+}
+
+func newFixture(t testing.TB, routerURL, adminURL string) *Fixture {
+	t.Helper()
+	f := &Fixture{PostgresURL: routerURL, AdminURL: adminURL, Brokers: Brokers(t)}
 	id := fmt.Sprintf("%s_%04x", sanitize(t.Name()), rand.IntN(0xffff))
 	f.Table = "public.ob_" + id
 	f.Publication = "pub_" + id

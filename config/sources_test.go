@@ -1,0 +1,188 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func loadYAML(t *testing.T, doc string, environ map[string]string) (Config, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return Load(path, env(environ), nil)
+}
+
+func TestSourcesResolveOverTopLevel(t *testing.T) {
+	cfg, err := loadYAML(t, `
+kafka:
+  brokers: ["127.0.0.1:59092"]
+  topic_config: {retention.ms: "1000"}
+sources:
+  - name: s1
+    postgres: {url: "postgres://u:pw1@127.0.0.1:55432/db1", table: public.outbox, slot: s1, publication: outbox_cdc}
+    routing: {topic: "orders.{event_type}"}
+  - name: s7
+    postgres: {url: "postgres://u:pw2@127.0.0.1:55432/db6", table: public.outbox_b, slot: s7, publication: pub_b}
+    routing: {topic: "billing.{event_type}"}
+    kafka: {delivery: exactly-once, topic_config: {cleanup.policy: compact}}
+  - name: dbz
+    postgres: {url: "postgres://u@127.0.0.1:55432/db6", slot: dbz, publication: pub_dbz}
+    kafka: {header_format: debezium}
+`, map[string]string{"OUTBOX_CDC_LINGER": "3ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs := cfg.Sources()
+	if len(srcs) != 3 {
+		t.Fatalf("got %d sources, want 3", len(srcs))
+	}
+	s1, s7, dbz := srcs[0], srcs[1], srcs[2]
+	checks := []struct {
+		what      string
+		got, want any
+	}{
+		{"names", []string{s1.Name, s7.Name, dbz.Name}, []string{"s1", "s7", "dbz"}},
+		{"s1 routing", s1.Routing.Topic, "orders.{event_type}"},
+		{"s7 table", s7.Postgres.Table, "public.outbox_b"},
+		{"brokers inherited", s7.Kafka.Brokers, []string{"127.0.0.1:59092"}},
+		{"environment is a default of every source", s1.Kafka.Linger.String(), "3ms"},
+		{"s1 keeps the default delivery", s1.Kafka.Delivery, DeliveryAtLeastOnce},
+		{"s7 sets its own delivery", s7.Kafka.Delivery, DeliveryExactlyOnce},
+		{"s7's topic_config merges over the top level's", s7.Kafka.TopicConfig, map[string]string{"retention.ms": "1000", "cleanup.policy": "compact"}},
+		{"s1's topic_config is not s7's", s1.Kafka.TopicConfig, map[string]string{"retention.ms": "1000"}},
+		{"the debezium source gets Debezium's columns", dbz.Postgres.Columns.EventID, "id"},
+		{"the debezium source gets Debezium's topic", dbz.Routing.Topic, DebeziumTopic},
+		{"the others keep the outbox columns", s1.Postgres.Columns.EventID, "event_id"},
+		{"the debezium source keeps the default table", dbz.Postgres.Table, "public.outbox"},
+	}
+	for _, c := range checks {
+		if !equalAny(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if _, err := cfg.Source("s7"); err != nil {
+		t.Error(err)
+	}
+	if _, err := cfg.Source("nope"); err == nil || !strings.Contains(err.Error(), "s1, s7, dbz") {
+		t.Errorf("Source(nope): %v, want an error listing the sources", err)
+	}
+	secrets := strings.Join(cfg.Secrets(), "\n")
+	for _, pw := range []string{"pw1", "pw2"} {
+		if !strings.Contains(secrets, pw) {
+			t.Errorf("Secrets() misses a source's password %s", pw)
+		}
+	}
+}
+
+func equalAny(a, b any) bool {
+	switch x := a.(type) {
+	case []string:
+		return slices.Equal(x, b.([]string))
+	case map[string]string:
+		y := b.(map[string]string)
+		if len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if y[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	return a == b
+}
+
+func TestOneSourceShorthand(t *testing.T) {
+	cfg, err := loadYAML(t, "postgres: {url: \"postgres://u@h/db\"}\nkafka: {brokers: [\"h:9092\"]}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs := cfg.Sources()
+	if len(srcs) != 1 || srcs[0].Name != DefaultSourceName || srcs[0].Postgres.URL != "postgres://u@h/db" || cfg.Fleet() {
+		t.Fatalf("shorthand: got %+v", srcs)
+	}
+}
+
+func TestSourcesValidationNamesSourceAndKey(t *testing.T) {
+	const head = "kafka: {brokers: [\"h:9092\"]}\nsources:\n"
+	tests := []struct {
+		name, entries string
+		want          []string
+	}{
+		{"missing name", `  - postgres: {url: "postgres://u@h/db1"}`, []string{"sources[0]: name: is required"}},
+		{"bad name", `  - {name: "Bad Name", postgres: {url: "postgres://u@h/db1"}}`, []string{`sources[0] (Bad Name): name: must be`}},
+		{"duplicate name", "  - {name: a, postgres: {url: \"postgres://u@h/db1\"}}\n  - {name: a, postgres: {url: \"postgres://u@h/db2\"}}",
+			[]string{`sources[1] (a): name: "a" is also the name of sources[0]`}},
+		{"missing url", "  - {name: a, postgres: {table: public.x}}", []string{"sources[0] (a): postgres.url: is required"}},
+		{"bad key of a source", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", tabel: x}}", []string{"sources[0] (a):", "tabel"}},
+		{"process key in a source", "  - {name: a, log: {level: debug}}", []string{"log cannot be set per source"}},
+		{"one slot twice on one database", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", table: public.a, publication: pa}}\n  - {name: b, postgres: {url: \"postgres://v@h:5432/db1\", table: public.b, publication: pb}}",
+			[]string{`sources[1] (b): postgres.slot: "outbox_cdc" is also the slot of source a`}},
+		{"one publication for two tables", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", table: public.a, slot: a}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", table: public.b, slot: b}}",
+			[]string{`sources[1] (b): postgres.publication: "outbox_cdc" is also the publication of source a (table public.a)`}},
+		{"one table twice", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", slot: a}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", slot: b}}",
+			[]string{`sources[1] (b): postgres.table: public.outbox is also the table of source a`}},
+		{"a source's own invalid value", "  - {name: a, postgres: {url: \"postgres://u@h/db1\"}, kafka: {delivery: twice}}", []string{`sources[0] (a): kafka.delivery: must be`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadYAML(t, head+tt.entries+"\n", nil)
+			if err == nil {
+				t.Fatal("loaded; want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestSourcesProcessKeyErrorOnce(t *testing.T) {
+	_, err := loadYAML(t, `
+kafka: {brokers: ["h:9092"]}
+log: {level: loud}
+sources:
+  - {name: a, postgres: {url: "postgres://u@h/db1"}}
+  - {name: b, postgres: {url: "postgres://u@h/db2"}}
+`, nil)
+	if err == nil || strings.Count(err.Error(), "log.level") != 1 || strings.Contains(err.Error(), "(a): log.level") {
+		t.Fatalf("error %v: want log.level named once, without a source", err)
+	}
+}
+
+func TestSourcesSecretsOfAnInvalidEntry(t *testing.T) {
+	// A source that fails validation still has its password hidden by the caller's scrubber.
+	cfg, err := loadYAML(t, `
+kafka: {brokers: ["h:9092"]}
+sources:
+  - {name: a, postgres: {url: "postgres://u:s3cr3t-pw@h/db1", slot: "Not Valid"}, kafka: {sasl: {password: sasl-pw-9}}}
+`, nil)
+	if err == nil {
+		t.Fatal("loaded; want an error")
+	}
+	secrets := strings.Join(cfg.Secrets(), "\n")
+	for _, pw := range []string{"s3cr3t-pw", "sasl-pw-9"} {
+		if !strings.Contains(secrets, pw) {
+			t.Errorf("Secrets() of a failed load misses %s", pw)
+		}
+	}
+}
+
+// TestExampleFleetLoads keeps testdata/fleet.yaml (the README's fleet example) loadable.
+func TestExampleFleetLoads(t *testing.T) {
+	cfg, err := Load("../testdata/fleet.yaml", env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srcs := cfg.Sources(); len(srcs) != 3 || srcs[2].Routing.Topic != DebeziumTopic || srcs[1].Kafka.Delivery != DeliveryExactlyOnce {
+		t.Fatalf("testdata/fleet.yaml: got %d sources", len(srcs))
+	}
+}

@@ -1,0 +1,145 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/fleet"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/metrics"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+// sourceConfig is a source of the fleet for fixture f, with short intervals for tests.
+func sourceConfig(name string, f *testenv.Fixture) config.Config {
+	cfg := config.Default()
+	cfg.Name = name
+	cfg.Postgres.URL = f.PostgresURL
+	cfg.Postgres.Table = f.Table
+	cfg.Postgres.Slot = f.Slot
+	cfg.Postgres.Publication = f.Publication
+	cfg.Postgres.StatusInterval = 2 * time.Second
+	cfg.Postgres.StandbyPollInterval = 500 * time.Millisecond
+	cfg.Kafka.Brokers = f.Brokers
+	cfg.Kafka.TopicPartitions = 3
+	cfg.Routing.Topic = f.TopicPrefix + ".{event_type}"
+	cfg.ShutdownTimeout = 20 * time.Second
+	cfg.Kafka.Delivery = testenv.Delivery()
+	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
+	cfg.Kafka.RecordTimestamp = config.RecordTimestampProduce // the delivery checker orders copies by it
+	return cfg
+}
+
+func testLogger() *slog.Logger {
+	var w io.Writer = io.Discard
+	if testing.Verbose() {
+		w = os.Stderr
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func readyz(t *testing.T, h http.Handler, source string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz?source="+source, nil))
+	return rec.Code, strings.TrimSpace(rec.Body.String())
+}
+
+// TestOneSourceDownOthersStream: three sources on three databases stream from one process; the
+// database of one refuses connections (as one that is down does): the other two keep streaming and
+// stay ready, the one down is not ready and says why, and once its database is back it delivers
+// what was written before it went down and after it came back, nothing lost.
+func TestOneSourceDownOthersStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	const n = 3
+	types := []string{"Created", "Paid"}
+	var (
+		fixtures [n]*testenv.Fixture
+		gens     [n]*testenv.Generator
+		written  [n][]testenv.Event
+		members  []fleet.Source
+	)
+	m := metrics.New()
+	for i := range n {
+		fixtures[i] = testenv.NewDatabaseFixture(t)
+		gens[i] = testenv.NewGenerator(20, types...).WithPrefix(fmt.Sprintf("s%d-agg-", i))
+		name := fmt.Sprintf("s%d", i)
+		members = append(members, fleet.Source{Config: sourceConfig(name, fixtures[i]), Options: []pipeline.Option{pipeline.WithObserver(m.Source(name))}})
+	}
+	write := func(i, rows int) {
+		t.Helper()
+		written[i] = append(written[i], testenv.Preload(t, fixtures[i], gens[i], rows)...)
+	}
+	f, err := fleet.New(testLogger(), m, func(s string) string { return s }, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("Run did not return within 60 s of its context's end")
+		}
+	}()
+	h := m.Handler()
+	// Ready: every slot exists (the router creates it), so nothing written from now on is missed.
+	testenv.WaitFor(t, 60*time.Second, "every source ready", func() bool {
+		code, _ := readyz(t, h, "")
+		return code == http.StatusOK
+	})
+	for i := range n {
+		write(i, 200)
+	}
+
+	// s2's database goes down: it stops being ready and says why; s0 and s1 stream on, ready.
+	unblock := fixtures[2].BlockDatabase(t)
+	testenv.WaitFor(t, 60*time.Second, "s2 not ready", func() bool {
+		code, _ := readyz(t, h, "s2")
+		return code == http.StatusServiceUnavailable
+	})
+	for round := range 3 {
+		for i := range 2 {
+			write(i, 100)
+			if code, body := readyz(t, h, fmt.Sprintf("s%d", i)); code != http.StatusOK {
+				t.Errorf("round %d: s%d is not ready while only s2's database is down: %d %s", round, i, code, body)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	for i := range 2 {
+		recs := testenv.ConsumeDistinct(t, fixtures[i].Brokers, testenv.TopicsOf(fixtures[i], types...), len(written[i]), 60*time.Second, testenv.ConsumerOpts()...)
+		testenv.VerifyDelivery(t, fixtures[i], written[i], recs)
+	}
+	code, body := readyz(t, h, "s2")
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "s2: ") {
+		t.Errorf("/readyz?source=s2 while its database is down = %d %q, want 503 naming s2", code, body)
+	}
+
+	// Back: s2 delivers what was written before and after, and is ready again.
+	unblock()
+	write(2, 100)
+	recs := testenv.ConsumeDistinct(t, fixtures[2].Brokers, testenv.TopicsOf(fixtures[2], types...), len(written[2]), 90*time.Second, testenv.ConsumerOpts()...)
+	testenv.VerifyDelivery(t, fixtures[2], written[2], recs)
+	testenv.WaitFor(t, 60*time.Second, "s2 ready again", func() bool {
+		code, _ := readyz(t, h, "s2")
+		return code == http.StatusOK
+	})
+}
