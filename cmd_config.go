@@ -30,7 +30,7 @@ PostgreSQL nor Kafka.`,
 			// The scrubber hides every secret wherever it appears; the SASL password is blanked
 			// beforehand as well, so that YAML's quoting of an odd password cannot hide it from it.
 			var shown any = blankSASL(cfg)
-			if cfg.Fleet() {
+			if cfg.HasSources() {
 				// Each source whole, as run streams it: the top-level keys with the source's own over them.
 				type source struct {
 					Name     string          `yaml:"name"`

@@ -54,11 +54,11 @@ copy of a new slot is still temporary is explained, not an error: status exits 1
 			var failed []string
 			for _, src := range sources {
 				src.Postgres.StandbyURLs = append(src.Postgres.StandbyURLs, standbys...)
-				if cfg.Fleet() {
+				if cfg.HasSources() {
 					fmt.Fprintf(out, "== source %s\n", src.Name)
 				}
 				if err := ops.Init(ctx, out, src, ops.InitOptions{CreateTable: createTable, DryRun: dryRun}); err != nil {
-					if !cfg.Fleet() {
+					if !cfg.HasSources() {
 						return errors.New(scrubber(cfg).String(err.Error()))
 					}
 					// One source's failure does not keep the others from being set up.

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/tracing"
 	"github.com/outbox-cdc/outbox-cdc/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 func newRunCommand() *cobra.Command {
@@ -39,10 +40,13 @@ takeovers. At start the last checkpoint is read back: transactions it holds are 
 that stands ahead of it (dropped and created anew, advanced by hand) is refused unless --accept-gap
 is given.
 
-With a sources list in the configuration file, one process streams every source (or those named by
---source): each on its own slot and connections, independently; a source that fails for good is held
-with its error (on /readyz and in the logs) and started again after a wait, while the others stream
-on. Metrics carry a source label; /readyz?source=NAME answers for one source.
+With a sources list in the configuration file, one process streams sources: each on its own slot and
+connections, independently; a source that fails for good is held with its error (on /readyz and in
+the logs) and started again after a wait, while the others stream on. Metrics carry a source label;
+/readyz?source=NAME answers for one source. Instances started with the same sources list share them
+through a Kafka consumer group (fleet.coordination kafka, the default): each source is streamed by one
+instance, spread evenly, and moves when its instance stops, dies (after fleet.session_timeout) or
+another joins. --source NAME streams the named sources only, without the group.
 
 Environment variables:
 ` + config.EnvReference(),
@@ -114,7 +118,7 @@ Environment variables:
 				}()
 				return nil
 			}
-			if !cfg.Fleet() {
+			if !cfg.HasSources() {
 				// The one-source shorthand: a permanent error ends the process, as it always has.
 				opts := append([]pipeline.Option{pipeline.WithObserver(m.Source(config.DefaultSourceName))}, common...)
 				p, err := pipeline.New(cfg, log, opts...)
@@ -139,7 +143,27 @@ Environment variables:
 				members = append(members, fleet.Source{Config: s, Options: append([]pipeline.Option{pipeline.WithObserver(m.Source(s.Name))}, common...)})
 				names = append(names, s.Name)
 			}
-			f, err := fleet.New(log, m, scrubber(cfg).String, members)
+			var coord *fleet.Coordinator
+			if cfg.Fleet.Coordination == config.FleetKafka && len(only) == 0 {
+				kopts, err := router.ClientOpts(cfg.Kafka)
+				if err != nil {
+					return err
+				}
+				instance := cfg.Fleet.Instance
+				if instance == "" {
+					host, _ := os.Hostname()
+					instance = host
+					if cfg.Metrics.Addr != "" {
+						instance += "/" + cfg.Metrics.Addr
+					}
+				}
+				coord = &fleet.Coordinator{
+					Group: cfg.GroupID(), Topic: "outbox-cdc.fleet." + cfg.GroupID(), Instance: instance,
+					SessionTimeout: cfg.Fleet.SessionTimeout, RebalanceTimeout: cfg.ShutdownTimeout + 30*time.Second,
+					ReplicationFactor: cfg.Kafka.TopicReplicationFactor, ClientOpts: kopts, Log: log,
+				}
+			}
+			f, err := fleet.New(log, m, scrubber(cfg).String, coord, members)
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}

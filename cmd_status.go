@@ -64,7 +64,7 @@ wait forever), a configured standby not ready — so it can drive an alert or a 
 				healthy = healthy && st.Healthy
 				all = append(all, ops.SourceStatus{Name: src.Name, Status: st})
 			}
-			if err := ops.WriteStatuses(cmd.OutOrStdout(), all, cfg.Fleet(), asJSON); err != nil {
+			if err := ops.WriteStatuses(cmd.OutOrStdout(), all, cfg.HasSources(), asJSON); err != nil {
 				return err
 			}
 			if !healthy {

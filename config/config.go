@@ -40,6 +40,8 @@ type Config struct {
 	Tracing Tracing `yaml:"tracing"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight acknowledgements.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// Fleet configures how instances that share a sources list share its sources.
+	Fleet Fleet `yaml:"fleet"`
 	// SourceList is the sources list: several outbox tables or databases streamed by one process (or
 	// shared by several instances), each entry's keys over the top-level ones. Empty: the top-level
 	// configuration is the one source (named DefaultSourceName). Sources returns each one whole.
@@ -54,6 +56,33 @@ type Config struct {
 	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
 	envPassword string
 }
+
+// Fleet configures the instances that share a sources list: each source is streamed by one instance
+// at a time, assigned through a Kafka consumer group (the protocol Kafka Connect spreads its tasks
+// with), and moved when an instance stops, dies or joins.
+type Fleet struct {
+	// Coordination is FleetKafka (the default: the instances of one sources list share its sources
+	// through a consumer group on the top-level kafka settings) or FleetNone (every instance streams
+	// every source; each slot's exclusivity leaves the others waiting as hot standbys).
+	Coordination string `yaml:"coordination"`
+	// Group is the consumer group's id; empty: outbox-cdc-fleet- and a hash of the sources' names,
+	// databases and slots, so that the instances of one sources list find each other.
+	Group string `yaml:"group"`
+	// Instance names this instance to the others (the group's client id); empty: the host name and
+	// metrics.addr.
+	Instance string `yaml:"instance"`
+	// SessionTimeout is how long an instance may go silent before its sources move to the others
+	// (Kafka's session.timeout.ms, within the broker's group.min/max.session.timeout.ms).
+	SessionTimeout time.Duration `yaml:"session_timeout"`
+}
+
+// The values of fleet.coordination.
+const (
+	// FleetKafka shares the sources through a Kafka consumer group.
+	FleetKafka = "kafka"
+	// FleetNone has every instance stream every source (the slots keep them exclusive).
+	FleetNone = "none"
+)
 
 // Tracing configures OpenTelemetry tracing: a producer span per delivered record, child of the trace
 // context the row carries (postgres.columns.trace_context or its headers), exported over OTLP/HTTP.
@@ -410,6 +439,7 @@ func Default() Config {
 		Log:             Log{Level: "info", Format: "auto"},
 		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
 		Tracing:         Tracing{ServiceName: "outbox-cdc"},
+		Fleet:           Fleet{Coordination: FleetKafka, SessionTimeout: 6 * time.Second},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -664,6 +694,17 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
+	}
+	switch c.Fleet.Coordination {
+	case FleetKafka, FleetNone:
+	default:
+		bad("fleet.coordination", "must be %s or %s, got %q", FleetKafka, FleetNone, c.Fleet.Coordination)
+	}
+	if g := c.Fleet.Group; g != "" && !regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`).MatchString(g) {
+		bad("fleet.group", "must be letters, digits, '.', '_' and '-' (it names the coordination topic outbox-cdc.fleet.<group>), got %q", g)
+	}
+	if c.Fleet.SessionTimeout < time.Second || c.Fleet.SessionTimeout > 5*time.Minute {
+		bad("fleet.session_timeout", "must be between 1s and 5m (and within the broker's group.min/max.session.timeout.ms), got %s", c.Fleet.SessionTimeout)
 	}
 }
 

@@ -170,6 +170,10 @@ var settings = []setting{
 	{"tracing.service_name", "OUTBOX_CDC_TRACING_SERVICE_NAME", "", "", str(func(c *Config) *string { return &c.Tracing.ServiceName })},
 	{"tracing.sample_ratio", "OUTBOX_CDC_TRACING_SAMPLE_RATIO", "", "", float(func(c *Config) *float64 { return &c.Tracing.SampleRatio })},
 	{"shutdown_timeout", "OUTBOX_CDC_SHUTDOWN_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+	{"fleet.coordination", "OUTBOX_CDC_FLEET_COORDINATION", "", "", str(func(c *Config) *string { return &c.Fleet.Coordination })},
+	{"fleet.group", "OUTBOX_CDC_FLEET_GROUP", "", "", str(func(c *Config) *string { return &c.Fleet.Group })},
+	{"fleet.instance", "OUTBOX_CDC_FLEET_INSTANCE", "", "", str(func(c *Config) *string { return &c.Fleet.Instance })},
+	{"fleet.session_timeout", "OUTBOX_CDC_FLEET_SESSION_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Fleet.SessionTimeout })},
 }
 
 // RegisterFlags adds the quick-start flags to fs. Their values are strings so that an unset flag
@@ -232,7 +236,7 @@ func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (C
 	if err != nil {
 		return c, err
 	}
-	if c.Fleet() {
+	if c.HasSources() {
 		// The top-level keys are every source's defaults; each source is validated whole.
 		if err := c.resolveSources(func(key string) bool { return explicit[key] }); err != nil {
 			return c, fmt.Errorf("invalid configuration:\n%w", err)

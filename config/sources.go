@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +54,7 @@ func (s *Source) UnmarshalYAML(n *yaml.Node) error {
 		case slices.Contains(sourceKeys, k.Value):
 			rest.Content = append(rest.Content, k, v)
 		default:
-			return fmt.Errorf("line %d: %s cannot be set per source (a source sets name, %s; log, metrics, tracing and shutdown_timeout belong to the process)",
+			return fmt.Errorf("line %d: %s cannot be set per source (a source sets name, %s; log, metrics, tracing, fleet and shutdown_timeout belong to the process)",
 				k.Line, k.Value, strings.Join(sourceKeys, ", "))
 		}
 	}
@@ -133,8 +135,8 @@ func (c *Config) Sources() []Config {
 	return []Config{one}
 }
 
-// Fleet reports whether the configuration has a sources list.
-func (c *Config) Fleet() bool { return len(c.SourceList) > 0 }
+// HasSources reports whether the configuration has a sources list.
+func (c *Config) HasSources() bool { return len(c.SourceList) > 0 }
 
 // Source returns the configuration of the source named name.
 func (c *Config) Source(name string) (Config, error) {
@@ -162,7 +164,7 @@ func (c *Config) clone() Config {
 }
 
 // processKeys are the key prefixes that belong to the process, not to a source: validated once.
-var processKeys = []string{"log.", "metrics.", "tracing.", "shutdown_timeout"}
+var processKeys = []string{"log.", "metrics.", "tracing.", "fleet.", "shutdown_timeout"}
 
 // resolveSources builds and validates the configuration of every entry of the sources list over c
 // (before format defaults): explicit reports the keys the file, environment and flags set at the
@@ -246,7 +248,25 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 		}
 		c.resolved = append(c.resolved, sc)
 	}
+	if c.Fleet.Coordination == FleetKafka && len(c.Kafka.Brokers) == 0 {
+		errs = append(errs, errors.New("kafka.brokers: the instances of a sources list coordinate through the top-level kafka settings: set kafka.brokers at the top level (or fleet.coordination: none)"))
+	}
 	return errors.Join(errs...)
+}
+
+// GroupID is the consumer group the instances of this sources list share (fleet.group, else
+// outbox-cdc-fleet- and a hash of every source's name, database and slot).
+func (c *Config) GroupID() string {
+	if c.Fleet.Group != "" {
+		return c.Fleet.Group
+	}
+	var ids []string
+	for _, s := range c.Sources() {
+		ids = append(ids, s.Name+"@"+databaseOf(s.Postgres.URL)+"/"+s.Postgres.Slot)
+	}
+	slices.Sort(ids)
+	sum := sha256.Sum256([]byte(strings.Join(ids, "\n")))
+	return "outbox-cdc-fleet-" + hex.EncodeToString(sum[:6])
 }
 
 // databaseOf identifies the database a PostgreSQL URL connects to (host:port/database), or "" when

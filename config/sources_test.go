@@ -104,7 +104,7 @@ func TestOneSourceShorthand(t *testing.T) {
 		t.Fatal(err)
 	}
 	srcs := cfg.Sources()
-	if len(srcs) != 1 || srcs[0].Name != DefaultSourceName || srcs[0].Postgres.URL != "postgres://u@h/db" || cfg.Fleet() {
+	if len(srcs) != 1 || srcs[0].Name != DefaultSourceName || srcs[0].Postgres.URL != "postgres://u@h/db" || cfg.HasSources() {
 		t.Fatalf("shorthand: got %+v", srcs)
 	}
 }
@@ -184,5 +184,34 @@ func TestExampleFleetLoads(t *testing.T) {
 	}
 	if srcs := cfg.Sources(); len(srcs) != 3 || srcs[2].Routing.Topic != DebeziumTopic || srcs[1].Kafka.Delivery != DeliveryExactlyOnce {
 		t.Fatalf("testdata/fleet.yaml: got %d sources", len(srcs))
+	}
+}
+
+// TestGroupID: instances of one sources list derive one group, whatever the order of the list; a
+// different list another; fleet.group overrides it and must be a topic-name fragment.
+func TestGroupID(t *testing.T) {
+	load := func(doc string) *Config {
+		t.Helper()
+		c, err := loadYAML(t, doc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c
+	}
+	const a = "  - {name: a, postgres: {url: \"postgres://u@h/db1\"}}\n"
+	const b = "  - {name: b, postgres: {url: \"postgres://u@h/db2\"}}\n"
+	const head = "kafka: {brokers: [\"h:9092\"]}\nsources:\n"
+	ab, ba, aOnly := load(head+a+b).GroupID(), load(head+b+a).GroupID(), load(head+a).GroupID()
+	if ab != ba || ab == aOnly || !strings.HasPrefix(ab, "outbox-cdc-fleet-") {
+		t.Errorf("group ids %q, %q, %q: want one per sources list, independent of order", ab, ba, aOnly)
+	}
+	if g := load("fleet: {group: payments}\n" + head + a).GroupID(); g != "payments" {
+		t.Errorf("fleet.group: got %q", g)
+	}
+	if _, err := loadYAML(t, "fleet: {group: \"bad group/x\"}\n"+head+a, nil); err == nil || !strings.Contains(err.Error(), "fleet.group") {
+		t.Errorf("a group id that cannot name a topic: %v", err)
+	}
+	if _, err := loadYAML(t, "sources:\n"+a, nil); err == nil || !strings.Contains(err.Error(), "set kafka.brokers at the top level") {
+		t.Errorf("coordination without top-level brokers: %v", err)
 	}
 }

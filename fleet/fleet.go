@@ -1,6 +1,9 @@
-// Package fleet runs the pipelines of several sources (the sources list) in one process: each source
-// streams independently, and one that fails for good — a configuration its database refuses, a lost
-// slot — is held with its error and retried later while the others stream on.
+// Package fleet runs the pipelines of several sources (the sources list) in one process, and shares
+// them between instances. Each source streams independently: one that fails for good — a
+// configuration its database refuses, a lost slot — is held with its error and retried later while
+// the others stream on. With a Coordinator, a source runs only while this instance is assigned it
+// (a Kafka consumer group spreads the sources over the live instances); PostgreSQL's slot
+// exclusivity stays the safety net: two instances never stream one slot, whatever the group says.
 package fleet
 
 import (
@@ -27,6 +30,8 @@ const (
 type Watcher interface {
 	// Watch adds or replaces a source's health.
 	Watch(name string, health func() pipeline.Health)
+	// Unwatch removes a source this instance no longer streams.
+	Unwatch(name string)
 }
 
 // Source is one source of the fleet: its configuration and the pipeline options of its own (its
@@ -36,15 +41,16 @@ type Source struct {
 	Options []pipeline.Option
 }
 
+// Scrub hides secrets in text shown to people (the failed source's error in its health).
+type Scrub func(string) string
+
 // Fleet runs many sources' pipelines in one process. Create it with New and call Run once.
 type Fleet struct {
 	log     *slog.Logger
 	watcher Watcher
 	sources []*running
+	coord   *Coordinator
 }
-
-// Scrub hides secrets in text shown to people (the failed source's error in its health).
-type Scrub func(string) string
 
 // running is one source's state in the fleet.
 type running struct {
@@ -58,25 +64,24 @@ type running struct {
 	retryAt   time.Time // when a failed source starts again
 	failures  int
 	lastStart time.Time
+	cancel    context.CancelFunc // nil while the source is not started
+	done      chan struct{}
+	since     time.Time // when it was started on this instance
 }
 
 // New checks every source's pipeline configuration (routing rules) so that a mistake is refused at
-// start, naming the source, and returns the fleet.
-func New(log *slog.Logger, w Watcher, scrub Scrub, sources []Source) (*Fleet, error) {
-	f := &Fleet{log: log, watcher: w}
+// start, naming the source, and returns the fleet. With coord, sources run only while coord assigns
+// them to this instance; without, every source runs.
+func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources []Source) (*Fleet, error) {
+	f := &Fleet{log: log, watcher: w, coord: coord}
 	var errs []error
 	for _, s := range sources {
 		r := &running{src: s, log: log.With("source", s.Config.Name), scrub: scrub}
-		p, err := pipeline.New(s.Config, r.log, s.Options...)
-		if err != nil {
+		if _, err := pipeline.New(s.Config, r.log, s.Options...); err != nil {
 			errs = append(errs, fmt.Errorf("source %s: %w", s.Config.Name, err))
 			continue
 		}
-		r.p = p
 		f.sources = append(f.sources, r)
-		if w != nil {
-			w.Watch(s.Config.Name, r.health)
-		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -84,18 +89,93 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, sources []Source) (*Fleet, er
 	return f, nil
 }
 
-// Run streams every source until ctx ends, then stops each gracefully and returns nil.
+// Run streams the sources until ctx ends — every one, or those the coordinator assigns to this
+// instance as they come and go — then stops each gracefully and returns nil. It returns an error
+// only when the coordination cannot start.
 func (f *Fleet) Run(ctx context.Context) error {
+	defer f.stopAll()
+	if f.coord == nil {
+		for _, r := range f.sources {
+			f.start(ctx, r)
+		}
+		<-ctx.Done()
+		return nil
+	}
+	names := make([]string, len(f.sources))
+	for i, r := range f.sources {
+		names[i] = r.src.Config.Name
+	}
+	return f.coord.Run(ctx, names, func(name string, assigned bool) {
+		for _, r := range f.sources {
+			if r.src.Config.Name != name {
+				continue
+			}
+			if assigned {
+				f.start(ctx, r)
+			} else {
+				f.stop(r)
+			}
+		}
+	})
+}
+
+// start runs the source's pipeline in the background (no-op when it runs).
+func (f *Fleet) start(ctx context.Context, r *running) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		return
+	}
+	p, err := pipeline.New(r.src.Config, r.log, r.src.Options...)
+	if err != nil { // checked by New; cannot fail now
+		r.log.Error("source cannot start", "error", err.Error())
+		return
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	r.p, r.failed, r.cancel, r.done, r.since = p, nil, cancel, make(chan struct{}), time.Now()
+	if f.watcher != nil {
+		f.watcher.Watch(r.src.Config.Name, r.health)
+	}
+	done := r.done
+	go func() {
+		defer close(done)
+		r.run(sctx)
+	}()
+	if f.coord != nil {
+		r.log.Info("source assigned to this instance: starting it")
+	}
+}
+
+// stop stops the source's pipeline gracefully and waits for it (no-op when it does not run).
+func (f *Fleet) stop(r *running) {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.cancel = nil
+	r.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+	if f.watcher != nil && f.coord != nil {
+		f.watcher.Unwatch(r.src.Config.Name)
+	}
+	if f.coord != nil {
+		r.log.Info("source released by this instance: stopped, its slot free for the instance it moves to")
+	}
+}
+
+// stopAll stops every running source, all at once.
+func (f *Fleet) stopAll() {
 	var wg sync.WaitGroup
 	for _, r := range f.sources {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.run(ctx)
+			f.stop(r)
 		}()
 	}
 	wg.Wait()
-	return nil
 }
 
 // run runs one source's pipeline until ctx ends, starting a new one after a permanent failure.
@@ -116,8 +196,7 @@ func (r *running) run(ctx context.Context) {
 		if time.Since(r.lastStart) > 2*FailedRetryMax {
 			r.failures = 0 // it ran a good while: a new failure, not the same one again
 		}
-		wait := FailedRetryMin << min(r.failures, 8)
-		wait = min(wait, FailedRetryMax)
+		wait := min(FailedRetryMin<<min(r.failures, 8), FailedRetryMax)
 		r.failures++
 		r.failed, r.retryAt = err, time.Now().Add(wait)
 		r.mu.Unlock()

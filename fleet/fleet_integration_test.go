@@ -81,7 +81,7 @@ func TestOneSourceDownOthersStream(t *testing.T) {
 		t.Helper()
 		written[i] = append(written[i], testenv.Preload(t, fixtures[i], gens[i], rows)...)
 	}
-	f, err := fleet.New(testLogger(), m, func(s string) string { return s }, members)
+	f, err := fleet.New(testLogger(), m, func(s string) string { return s }, nil, members)
 	if err != nil {
 		t.Fatal(err)
 	}

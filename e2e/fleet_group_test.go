@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// fleetInstance is one outbox-cdc process of a fleet test.
+type fleetInstance struct {
+	r    *routerProc
+	addr string
+}
+
+var activeRE = regexp.MustCompile(`(?m)^outbox_cdc_role\{role="active",source="([^"]+)"\} 1$`)
+
+// active returns the sources the instance streams, from its metrics (nil when it does not answer).
+func (in *fleetInstance) active(t *testing.T) []string {
+	select {
+	case <-in.r.done:
+		return nil
+	default:
+	}
+	// Not httpGet: an instance that is starting or gone does not answer, which is not a failure here.
+	client := http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get("http://" + in.addr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		return nil
+	}
+	body := string(data)
+	var out []string
+	for _, m := range activeRE.FindAllStringSubmatch(body, -1) {
+		out = append(out, m[1])
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestFleetSharesSources: three instances started with one sources list of seven sources share them
+// through the consumer group: every source streams on exactly one instance within 60 s, split 3/2/2;
+// after an instance is killed its sources stream again on the others (the time is logged; the goal is
+// 15 s); a new instance takes its share; an instance stopped with SIGTERM hands its sources over and
+// exits 0. Every event of every source arrives, in order, through all of it.
+func TestFleetSharesSources(t *testing.T) {
+	const nSources = 7
+	types := []string{"Placed", "Shipped"}
+	var (
+		fixtures [nSources]*testenv.Fixture
+		gens     [nSources]*testenv.Generator
+		written  [nSources][]testenv.Event
+		entries  strings.Builder
+	)
+	for i := range nSources {
+		f := testenv.NewFixture(t)
+		fixtures[i] = f
+		gens[i] = testenv.NewGenerator(8, types...)
+		fmt.Fprintf(&entries, "  - name: src%d\n    postgres: {url: %q, table: %s, slot: %s, publication: %s}\n    routing: {topic: %q}\n",
+			i, f.PostgresURL, f.Table, f.Slot, f.Publication, f.TopicPrefix+".{event_type}")
+	}
+	f0 := fixtures[0]
+	cfgFile := filepath.Join(t.TempDir(), "fleet.yaml")
+	doc := `
+kafka:
+  brokers: ["` + strings.Join(f0.Brokers, `", "`) + `"]
+  delivery: ` + testenv.Delivery() + `
+  checkpoint_topic: ` + f0.TopicPrefix + `.checkpoints
+  record_timestamp: produce
+postgres: {status_interval: 2s, standby_poll_interval: 500ms}
+log: {format: json}
+shutdown_timeout: 20s
+sources:
+` + entries.String()
+	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func() *fleetInstance {
+		addr := freeAddr(t)
+		env := append(os.Environ(), "OUTBOX_CDC_CONFIG="+cfgFile, "OUTBOX_CDC_METRICS_ADDR="+addr)
+		return &fleetInstance{r: startRouter(t, env), addr: addr}
+	}
+	// settled waits until every source is active on exactly one live instance, spread evenly (the
+	// counts differ by at most one), and returns how long that took.
+	settled := func(what string, live []*fleetInstance, timeout time.Duration) time.Duration {
+		t.Helper()
+		began := time.Now()
+		var last string
+		testenv.WaitFor(t, timeout, what, func() bool {
+			seen := map[string]int{}
+			var counts []int
+			for _, in := range live {
+				a := in.active(t)
+				counts = append(counts, len(a))
+				for _, s := range a {
+					seen[s]++
+				}
+			}
+			last = fmt.Sprintf("active per instance %v, sources %v", counts, seen)
+			if len(seen) != nSources {
+				return false
+			}
+			for _, n := range seen {
+				if n != 1 {
+					return false
+				}
+			}
+			return slices.Max(counts)-slices.Min(counts) <= 1
+		})
+		t.Logf("%s after %s: %s", what, time.Since(began).Round(100*time.Millisecond), last)
+		return time.Since(began)
+	}
+	write := func(rows int) {
+		t.Helper()
+		for i := range nSources {
+			written[i] = append(written[i], testenv.Preload(t, fixtures[i], gens[i], rows)...)
+		}
+	}
+
+	a, b, c := start(), start(), start()
+	settled("three instances started together: every source active once, spread evenly", []*fleetInstance{a, b, c}, 60*time.Second)
+	write(50)
+
+	// Kill the instance with the most sources: they stream again on the other two.
+	all := []*fleetInstance{a, b, c}
+	vi := 0
+	for i, in := range all {
+		if len(in.active(t)) > len(all[vi].active(t)) {
+			vi = i
+		}
+	}
+	victim := all[vi]
+	rest := slices.Delete(slices.Clone(all), vi, vi+1)
+	moved := victim.active(t)
+	if err := victim.r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	write(50) // written while the victim's sources have no instance
+	took := settled(fmt.Sprintf("the sources %v of a killed instance streaming again", moved), rest, 60*time.Second)
+	if took > 30*time.Second {
+		t.Errorf("the sources of a killed instance took %s to stream again (goal 15 s, session timeout 6 s)", took.Round(time.Second))
+	}
+
+	// A new instance joins and takes its share.
+	d := start()
+	live := append(rest, d)
+	settled("a new instance joined: spread evenly again", live, 60*time.Second)
+	if len(d.active(t)) == 0 {
+		t.Error("the instance that joined streams nothing")
+	}
+	write(50)
+
+	// SIGTERM: the instance hands its sources over and exits 0.
+	leaving := live[0]
+	if err := leaving.r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := leaving.r.exitCode(t, 60*time.Second); code != 0 {
+		t.Errorf("exit code after SIGTERM = %d, want 0", code)
+	}
+	settled("the sources of an instance stopped with SIGTERM streaming again", live[1:], 30*time.Second)
+	write(50)
+
+	for i := range nSources {
+		f := fixtures[i]
+		got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, types...), len(written[i]), 2*time.Minute, testenv.ConsumerOpts()...)
+		dups := testenv.VerifyDelivery(t, f, written[i], got)
+		if dups > 0 {
+			t.Logf("src%d: %d events, %d duplicates", i, len(written[i]), dups)
+		}
+	}
+}

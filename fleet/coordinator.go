@@ -1,0 +1,171 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Coordinator assigns sources to the instances of a fleet with a Kafka consumer group, as Kafka
+// Connect spreads its tasks: a topic of its own has one partition per source (partition i is the
+// i-th source in name order), every instance consumes it in one group with the cooperative-sticky
+// balancer, and the partitions an instance is assigned are the sources it streams. The group moves a
+// source when its instance leaves (at once), dies (after the session timeout) or another joins, and
+// keeps them spread evenly; cooperative rebalancing moves only what must move, and a source is
+// released (its pipeline stopped, its slot freed) before it is given to another instance.
+type Coordinator struct {
+	// Group is the consumer group's id; Topic the topic whose partitions stand for the sources.
+	Group, Topic string
+	// Instance names this instance (the group member's client id).
+	Instance string
+	// SessionTimeout is how long an instance may be silent before the group moves its sources.
+	SessionTimeout time.Duration
+	// RebalanceTimeout bounds how long an instance may take to release what it must give up (its
+	// pipelines' graceful stop).
+	RebalanceTimeout time.Duration
+	// ReplicationFactor is the topic's replication factor when created (-1: the broker's default).
+	ReplicationFactor int16
+	// ClientOpts connect to the brokers (seed brokers, TLS, SASL).
+	ClientOpts []kgo.Opt
+	// Log receives the assignments.
+	Log *slog.Logger
+}
+
+// Run joins the group and calls set(name, true) for each source assigned to this instance and
+// set(name, false) for each taken away (set must return only once the source is stopped), until ctx
+// ends; it then leaves the group. names are the sources, in any order: the partitions follow their
+// sorted order. It returns an error when the group cannot be joined at start.
+func (c *Coordinator) Run(ctx context.Context, names []string, set func(name string, assigned bool)) error {
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	// Kafka away at start is no reason to stop: retry, saying why, until the topic is there.
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		err := c.ensureTopic(ctx, int32(len(sorted)))
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.Log.Warn("fleet: cannot set up the coordination topic; no source starts until it is there (needs the right to create it, or create it with one partition per source)",
+			"topic", c.Topic, "error", err.Error(), "retry_in", wait.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+	source := func(p int32) (string, bool) {
+		if p < 0 || int(p) >= len(sorted) {
+			return "", false // a partition of a source removed since: nothing to stream
+		}
+		return sorted[p], true
+	}
+	apply := func(parts map[string][]int32, assigned bool, how string) {
+		var changed []string
+		var wg sync.WaitGroup
+		for _, p := range parts[c.Topic] {
+			if name, ok := source(p); ok {
+				changed = append(changed, name)
+				// Released all at once: each waits for its pipeline's graceful stop.
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					set(name, assigned)
+				}()
+			}
+		}
+		wg.Wait()
+		if len(changed) > 0 {
+			slices.Sort(changed)
+			c.Log.Info("fleet: sources "+how, "sources", changed, "group", c.Group, "instance", c.Instance)
+		}
+	}
+	opts := append(slices.Clone(c.ClientOpts),
+		kgo.ClientID(c.Instance),
+		kgo.ConsumerGroup(c.Group),
+		kgo.ConsumeTopics(c.Topic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.SessionTimeout(c.SessionTimeout),
+		kgo.HeartbeatInterval(max(c.SessionTimeout/6, 100*time.Millisecond)),
+		kgo.RebalanceTimeout(c.RebalanceTimeout),
+		kgo.DisableAutoCommit(),
+		kgo.MetadataMaxAge(10*time.Second), // partitions added for new sources are seen soon
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			apply(m, true, "assigned to this instance")
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			apply(m, false, "moved away (released)")
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			// The group may already have given them to another instance: stop at once; the slot
+			// keeps two instances from streaming one source meanwhile.
+			apply(m, false, "lost with the group session (stopped)")
+		}),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("fleet coordination: %w", err)
+	}
+	defer cl.Close() // leaves the group (OnPartitionsRevoked for what is still assigned)
+	c.Log.Info("fleet: joining the group that shares the sources", "group", c.Group, "instance", c.Instance, "topic", c.Topic, "sources", len(sorted))
+	for ctx.Err() == nil {
+		// The topic holds no records: polling keeps the consumer going and reports errors.
+		fetches := cl.PollFetches(ctx)
+		fetches.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				c.Log.Warn("fleet: coordination topic", "topic", topic, "partition", p, "error", err.Error())
+			}
+		})
+	}
+	return nil
+}
+
+// ensureTopic creates the coordination topic with one partition per source, or adds partitions
+// when sources were added.
+func (c *Coordinator) ensureTopic(ctx context.Context, partitions int32) error {
+	cl, err := kgo.NewClient(c.ClientOpts...)
+	if err != nil {
+		return fmt.Errorf("fleet coordination: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cfg := map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}
+	res, err := adm.CreateTopic(actx, partitions, c.ReplicationFactor, cfg, c.Topic)
+	if err == nil {
+		err = res.Err
+	}
+	switch {
+	case err == nil:
+		c.Log.Info("fleet: created the coordination topic", "topic", c.Topic, "partitions", partitions)
+		return nil
+	case errors.Is(err, kerr.TopicAlreadyExists): // another instance created it, or an earlier run
+	default:
+		return fmt.Errorf("fleet coordination: create topic %s: %w", c.Topic, err)
+	}
+	details, err := adm.ListTopics(actx, c.Topic)
+	if err != nil {
+		return fmt.Errorf("fleet coordination: describe topic %s: %w", c.Topic, err)
+	}
+	d, ok := details[c.Topic]
+	if !ok || d.Err != nil {
+		return fmt.Errorf("fleet coordination: describe topic %s: %v", c.Topic, d.Err)
+	}
+	if have := int32(len(d.Partitions)); have < partitions {
+		if _, err := adm.UpdatePartitions(actx, int(partitions), c.Topic); err != nil {
+			return fmt.Errorf("fleet coordination: grow topic %s to %d partitions: %w", c.Topic, partitions, err)
+		}
+		c.Log.Info("fleet: grew the coordination topic for added sources", "topic", c.Topic, "partitions", partitions)
+	}
+	return nil
+}
