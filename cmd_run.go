@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -98,7 +99,7 @@ Environment variables:
 			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			serve := func() error {
+			serve := func(extra map[string]http.Handler) error {
 				if cfg.Metrics.Addr == "" {
 					return nil
 				}
@@ -107,12 +108,15 @@ Environment variables:
 					return fmt.Errorf("metrics.addr: %w", err)
 				}
 				paths := "/metrics /healthz /readyz"
+				if extra != nil {
+					paths += " /api/sources /status"
+				}
 				if cfg.Metrics.Pprof {
 					paths += " /debug/pprof/"
 				}
 				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", paths)
 				go func() {
-					if err := m.Serve(ctx, ln, cfg.Metrics.Pprof, nil); err != nil {
+					if err := m.Serve(ctx, ln, cfg.Metrics.Pprof, extra); err != nil {
 						log.Error("metrics endpoint stopped", "error", err.Error())
 					}
 				}()
@@ -126,7 +130,7 @@ Environment variables:
 					return err
 				}
 				m.Watch(config.DefaultSourceName, p.Health)
-				if err := serve(); err != nil {
+				if err := serve(nil); err != nil {
 					return err
 				}
 				log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
@@ -167,7 +171,8 @@ Environment variables:
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			if err := serve(); err != nil {
+			api := f.Handler()
+			if err := serve(map[string]http.Handler{"/api/": api, "/status": api}); err != nil {
 				return err
 			}
 			log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "sources", names)

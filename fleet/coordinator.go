@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,15 +38,150 @@ type Coordinator struct {
 	ClientOpts []kgo.Opt
 	// Log receives the assignments.
 	Log *slog.Logger
+
+	mu      sync.Mutex
+	sorted  []string    // the sources in partition order, once Run started
+	control *kgo.Client // reads and writes the pause states, once caught up
+	group   *kgo.Client // the group member
 }
 
-// Run joins the group and calls set(name, true) for each source assigned to this instance and
-// set(name, false) for each taken away (set must return only once the source is stopped), until ctx
-// ends; it then leaves the group. names are the sources, in any order: the partitions follow their
-// sorted order. It returns an error when the group cannot be joined at start.
-func (c *Coordinator) Run(ctx context.Context, names []string, set func(name string, assigned bool)) error {
+// readControl applies the pause records of the coordination topic; with catchUp it returns once it
+// has read up to the end offsets of the moment it started (nil), or when ctx ends (its error).
+// Otherwise it reads until ctx ends.
+func (c *Coordinator) readControl(ctx context.Context, cl *kgo.Client, ev Events, catchUp bool) error {
+	need := map[int32]int64{} // partition -> offset still to reach
+	if catchUp {
+		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			ends, err := kadm.NewClient(cl).ListEndOffsets(actx, c.Topic)
+			cancel()
+			if err == nil {
+				err = ends.Error()
+			}
+			if err == nil {
+				ends.Each(func(o kadm.ListedOffset) {
+					if o.Offset > 0 {
+						need[o.Partition] = o.Offset
+					}
+				})
+				break
+			}
+			c.Log.Warn("fleet: cannot read the end of the coordination topic; retrying", "topic", c.Topic, "error", err.Error(), "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(wait):
+			}
+		}
+	}
+	for {
+		if catchUp && len(need) == 0 {
+			return nil
+		}
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			c.Log.Warn("fleet: reading the coordination topic", "topic", topic, "partition", p, "error", err.Error())
+		})
+		fetches.EachRecord(func(r *kgo.Record) {
+			if end, ok := need[r.Partition]; ok && r.Offset+1 >= end {
+				delete(need, r.Partition)
+			}
+			var p Pause
+			if err := json.Unmarshal(r.Value, &p); err != nil {
+				c.Log.Warn("fleet: a record of the coordination topic is not a pause state; ignored", "partition", r.Partition, "offset", r.Offset)
+				return
+			}
+			ev.Paused(string(r.Key), p)
+		})
+	}
+}
+
+// SetPause records a source's pause state for the whole fleet: the instance streaming it stops it (or
+// starts it again), and so does any instance it moves to later.
+func (c *Coordinator) SetPause(ctx context.Context, name string, p Pause) error {
+	c.mu.Lock()
+	cl, sorted := c.control, c.sorted
+	c.mu.Unlock()
+	i := slices.Index(sorted, name)
+	if cl == nil || i < 0 {
+		return fmt.Errorf("fleet coordination is not running, or %q is not one of its sources", name)
+	}
+	value, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: c.Topic, Partition: int32(i), Key: []byte(name), Value: value}).FirstErr(); err != nil {
+		return fmt.Errorf("record the pause state of %s in %s: %w", name, c.Topic, err)
+	}
+	return nil
+}
+
+// Owners returns, for each source assigned in the group, the instance (client id) it is assigned to.
+func (c *Coordinator) Owners(ctx context.Context) (map[string]string, error) {
+	c.mu.Lock()
+	cl, sorted := c.group, c.sorted
+	c.mu.Unlock()
+	if cl == nil {
+		return nil, errors.New("fleet coordination is not running")
+	}
+	groups, err := kadm.NewClient(cl).DescribeGroups(ctx, c.Group)
+	if err != nil {
+		return nil, fmt.Errorf("describe group %s: %w", c.Group, err)
+	}
+	owners := map[string]string{}
+	for _, g := range groups {
+		if g.Err != nil {
+			return nil, fmt.Errorf("describe group %s: %w", c.Group, g.Err)
+		}
+		for _, m := range g.Members {
+			a, ok := m.Assigned.AsConsumer()
+			if !ok {
+				continue
+			}
+			for _, t := range a.Topics {
+				if t.Topic != c.Topic {
+					continue
+				}
+				for _, p := range t.Partitions {
+					if int(p) < len(sorted) {
+						owners[sorted[p]] = m.ClientID
+					}
+				}
+			}
+		}
+	}
+	return owners, nil
+}
+
+// Events receives what the coordination decides for this instance.
+type Events interface {
+	// Assigned says a source is this instance's (true) or no longer (false: it must return only once
+	// the source is stopped, its slot released).
+	Assigned(name string, assigned bool)
+	// Paused says an operator paused (or resumed) a source, fleet-wide.
+	Paused(name string, p Pause)
+}
+
+// Pause is a source's pause state, written to the coordination topic by the fleet API.
+type Pause struct {
+	Paused bool      `json:"paused"`
+	By     string    `json:"by,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// Run reads the sources' pause states, joins the group and reports to ev each source assigned to this
+// instance and each taken away, and every pause and resume, until ctx ends; it then leaves the group.
+// names are the sources, in any order: the partitions follow their sorted order.
+func (c *Coordinator) Run(ctx context.Context, names []string, ev Events) error {
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
+	c.mu.Lock()
+	c.sorted = sorted
+	c.mu.Unlock()
+	set := ev.Assigned
 	// Kafka away at start is no reason to stop: retry, saying why, until the topic is there.
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 		err := c.ensureTopic(ctx, int32(len(sorted)))
@@ -111,10 +247,28 @@ func (c *Coordinator) Run(ctx context.Context, names []string, set func(name str
 			apply(m, false, "lost with the group session (stopped)")
 		}),
 	)
+	// The pause states first, read to the end: a paused source assigned here must not start.
+	control, err := kgo.NewClient(append(slices.Clone(c.ClientOpts), kgo.ConsumeTopics(c.Topic), kgo.ClientID(c.Instance),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.MetadataMaxAge(10*time.Second))...)
+	if err != nil {
+		return fmt.Errorf("fleet coordination: %w", err)
+	}
+	defer control.Close()
+	if err := c.readControl(ctx, control, ev, true); err != nil {
+		return nil // ctx ended
+	}
+	c.mu.Lock()
+	c.control = control
+	c.mu.Unlock()
+	go func() { _ = c.readControl(ctx, control, ev, false) }()
+
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("fleet coordination: %w", err)
 	}
+	c.mu.Lock()
+	c.group = cl
+	c.mu.Unlock()
 	defer cl.Close() // leaves the group (OnPartitionsRevoked for what is still assigned)
 	c.Log.Info("fleet: joining the group that shares the sources", "group", c.Group, "instance", c.Instance, "topic", c.Topic, "sources", len(sorted))
 	for ctx.Err() == nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -50,6 +51,10 @@ type Fleet struct {
 	watcher Watcher
 	sources []*running
 	coord   *Coordinator
+	ctx     context.Context // Run's, which the pipelines run under
+	// scrubber hides secrets in what the API shows; name is this instance's name without coordination.
+	scrubber Scrub
+	name     string
 }
 
 // running is one source's state in the fleet.
@@ -67,13 +72,18 @@ type running struct {
 	cancel    context.CancelFunc // nil while the source is not started
 	done      chan struct{}
 	since     time.Time // when it was started on this instance
+	assigned  bool      // the coordination gave it to this instance (always, without one)
+	pause     Pause     // the operator's pause state (fleet-wide)
+	// change serializes starts and stops of this source (a stop waits for the pipeline).
+	change sync.Mutex
 }
 
 // New checks every source's pipeline configuration (routing rules) so that a mistake is refused at
 // start, naming the source, and returns the fleet. With coord, sources run only while coord assigns
 // them to this instance; without, every source runs.
 func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources []Source) (*Fleet, error) {
-	f := &Fleet{log: log, watcher: w, coord: coord}
+	host, _ := os.Hostname()
+	f := &Fleet{log: log, watcher: w, coord: coord, scrubber: scrub, name: host}
 	var errs []error
 	for _, s := range sources {
 		r := &running{src: s, log: log.With("source", s.Config.Name), scrub: scrub}
@@ -95,8 +105,9 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources [
 func (f *Fleet) Run(ctx context.Context) error {
 	defer f.stopAll()
 	if f.coord == nil {
+		f.ctx = ctx
 		for _, r := range f.sources {
-			f.start(ctx, r)
+			f.Assigned(r.src.Config.Name, true)
 		}
 		<-ctx.Done()
 		return nil
@@ -105,18 +116,68 @@ func (f *Fleet) Run(ctx context.Context) error {
 	for i, r := range f.sources {
 		names[i] = r.src.Config.Name
 	}
-	return f.coord.Run(ctx, names, func(name string, assigned bool) {
-		for _, r := range f.sources {
-			if r.src.Config.Name != name {
-				continue
-			}
-			if assigned {
-				f.start(ctx, r)
+	f.ctx = ctx
+	return f.coord.Run(ctx, names, f)
+}
+
+// Assigned implements Events: the source is this instance's, or no longer.
+func (f *Fleet) Assigned(name string, assigned bool) {
+	if r := f.source(name); r != nil {
+		r.mu.Lock()
+		r.assigned = assigned
+		r.mu.Unlock()
+		f.reconcile(r)
+	}
+}
+
+// Paused implements Events: an operator paused or resumed the source.
+func (f *Fleet) Paused(name string, p Pause) {
+	if r := f.source(name); r != nil {
+		r.mu.Lock()
+		changed := r.pause.Paused != p.Paused
+		r.pause = p
+		r.mu.Unlock()
+		if changed {
+			if p.Paused {
+				r.log.Info("source paused: stopping it and releasing its slot", "by", p.By)
 			} else {
-				f.stop(r)
+				r.log.Info("source resumed", "by", p.By)
 			}
 		}
-	})
+		f.reconcile(r)
+	}
+}
+
+// source returns the source named name, or nil.
+func (f *Fleet) source(name string) *running {
+	for _, r := range f.sources {
+		if r.src.Config.Name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// reconcile starts or stops the source to match what it should be: running while assigned here and
+// not paused; watched (on the metrics and health endpoints) while assigned here.
+func (f *Fleet) reconcile(r *running) {
+	r.change.Lock()
+	defer r.change.Unlock()
+	r.mu.Lock()
+	assigned, paused := r.assigned, r.pause.Paused
+	r.mu.Unlock()
+	if assigned && !paused {
+		f.start(f.ctx, r)
+	} else {
+		f.stop(r)
+	}
+	if f.watcher != nil {
+		if assigned {
+			f.watcher.Watch(r.src.Config.Name, r.health)
+		} else {
+			f.watcher.Unwatch(r.src.Config.Name)
+		}
+	}
 }
 
 // start runs the source's pipeline in the background (no-op when it runs).
@@ -133,9 +194,6 @@ func (f *Fleet) start(ctx context.Context, r *running) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	r.p, r.failed, r.cancel, r.done, r.since = p, nil, cancel, make(chan struct{}), time.Now()
-	if f.watcher != nil {
-		f.watcher.Watch(r.src.Config.Name, r.health)
-	}
 	done := r.done
 	go func() {
 		defer close(done)
@@ -157,11 +215,8 @@ func (f *Fleet) stop(r *running) {
 	}
 	cancel()
 	<-done
-	if f.watcher != nil && f.coord != nil {
-		f.watcher.Unwatch(r.src.Config.Name)
-	}
 	if f.coord != nil {
-		r.log.Info("source released by this instance: stopped, its slot free for the instance it moves to")
+		r.log.Info("source stopped on this instance, its slot released")
 	}
 }
 
@@ -172,6 +227,8 @@ func (f *Fleet) stopAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			r.change.Lock()
+			defer r.change.Unlock()
 			f.stop(r)
 		}()
 	}
@@ -222,12 +279,27 @@ func (r *running) run(ctx context.Context) {
 // it is not ready and says why and until when.
 func (r *running) health() pipeline.Health {
 	r.mu.Lock()
-	p, failed, retryAt := r.p, r.failed, r.retryAt
+	p, failed, retryAt, pause, running := r.p, r.failed, r.retryAt, r.pause, r.cancel != nil
 	r.mu.Unlock()
-	h := p.Health()
+	h := pipeline.Health{State: pipeline.StateStopped, NotReady: "stopped"}
+	if p != nil {
+		h = p.Health()
+	}
+	if pause.Paused && !running {
+		h.Paused, h.Ready, h.StandbyReady = true, false, false
+		h.NotReady = r.scrub(fmt.Sprintf("paused by %s at %s: stopped, its slot released; resume it to stream", orUnknown(pause.By), pause.At.UTC().Format(time.RFC3339)))
+		return h
+	}
 	if failed != nil {
 		h.Ready, h.StandbyReady = false, false
 		h.NotReady = r.scrub(fmt.Sprintf("failed: %v (started again in %s)", failed, max(time.Until(retryAt), 0).Round(time.Second)))
 	}
 	return h
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "an operator"
+	}
+	return s
 }

@@ -219,7 +219,7 @@ func (m *Metrics) Handler() http.Handler {
 		}
 		for _, src := range sources {
 			s := src.health()
-			if !s.Ready && !(s.StandbyReady && standbyOK) {
+			if !s.Ready && !(s.StandbyReady && standbyOK) && !s.Paused {
 				ready = false
 			}
 			prefix := ""
@@ -294,7 +294,7 @@ var (
 	descWALEnd       = desc("server_wal_end_lsn", "Server WAL end from the last keepalive (as a byte position).")
 	descSlotLag      = desc("slot_lag_bytes", "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, polled every 5 s; absent while the slot monitor has no recent observation.")
 	descBehind       = desc("seconds_behind", "Now minus the commit time of the oldest unacknowledged transaction; 0 when idle; absent while not streaming.")
-	descRole         = desc("role", "1 for this instance's role: active (streaming, hearing from the server, holding the slot), standby, or starting.", "role")
+	descRole         = desc("role", "1 for this instance's role for the source: active (streaming, hearing from the server, holding the slot), standby, starting, or paused (by the fleet API).", "role")
 	descWALStatus    = desc("slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost, missing, or unknown while the monitor has no recent observation).", "status")
 	descMonErrors    = desc("slot_monitor_errors_total", "Polls of pg_replication_slots that failed (each leaves the slot's state unknown).")
 	descMonSuccess   = desc("slot_monitor_last_success_timestamp_seconds", "When the slot monitor last read the slot (Unix time); absent before the first success.")
@@ -371,12 +371,14 @@ func collectSource(ch chan<- prometheus.Metric, source string, s pipeline.Health
 	}
 	role := "starting"
 	switch {
+	case s.Paused:
+		role = "paused"
 	case s.Ready:
 		role = "active"
 	case s.State == pipeline.StateStandby:
 		role = "standby"
 	}
-	for _, r := range []string{"active", "standby", "starting"} {
+	for _, r := range []string{"active", "standby", "starting", "paused"} {
 		gauge(descRole, b2f(r == role), r)
 	}
 	status := s.Slot.WALStatus

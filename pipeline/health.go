@@ -64,6 +64,9 @@ type Health struct {
 	PhantomRisk, PhantomRiskKnown bool
 	// Warnings are risks the operator should know of that do not make the pipeline unready.
 	Warnings []string
+	// Paused is true while an operator has paused the source (the fleet API): its pipeline is stopped,
+	// its slot released, on purpose; readiness does not count it.
+	Paused bool
 	// LastError is the last failure that ended a session or stopped the pipeline (as it was logged:
 	// scrub it before showing it), at LastErrorAt; empty before the first.
 	LastError   string

@@ -12,6 +12,7 @@ command -v mvn >/dev/null || need+=(maven)
 command -v openssl >/dev/null || need+=(openssl)
 command -v npm >/dev/null || need+=(npm)
 command -v node >/dev/null || need+=(nodejs)
+command -v chromium >/dev/null || need+=(chromium)   # the fleet status page's browser test
 if [ ${#need[@]} -gt 0 ]; then
   echo "install-deps: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -1,0 +1,280 @@
+package fleet
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+// View is the fleet as one instance sees it: GET /api/sources.
+type View struct {
+	// Instance is this instance's name; Group the consumer group it shares the sources in ("" without
+	// coordination).
+	Instance string `json:"instance"`
+	Group    string `json:"group,omitempty"`
+	// Sources are every source of the configuration, in its order.
+	Sources []SourceView `json:"sources"`
+	// Problems says what could not be learned (the owners, when the group cannot be described).
+	Problems []string `json:"problems"`
+	// At is when the view was taken.
+	At time.Time `json:"at"`
+}
+
+// SourceView is one source in the fleet API. The figures (lag, seconds behind, counts, errors) are
+// those of this instance: present for a source streamed here, absent for one streamed elsewhere (ask
+// its owner).
+type SourceView struct {
+	Name string `json:"name"`
+	// Owner is the instance the source is assigned to ("" when none is, or without coordination: this
+	// one); Here says whether it is this instance.
+	Owner string `json:"owner"`
+	Here  bool   `json:"here"`
+	// State is streaming, standby (another instance holds the slot), starting (connecting, retrying),
+	// failed (held after a permanent error), paused, or elsewhere (streamed by Owner).
+	State string `json:"state"`
+	// Ready is the source's readiness here; Reason says why it is not, or what it does.
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
+	// Paused, PausedBy and PausedAt are the fleet-wide pause state.
+	Paused   bool       `json:"paused"`
+	PausedBy string     `json:"paused_by,omitempty"`
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// Database (user@host:port/db, no password), Table, Slot and Delivery describe the source.
+	Database string `json:"database"`
+	Table    string `json:"table"`
+	Slot     string `json:"slot"`
+	Delivery string `json:"delivery"`
+	// LagBytes is the slot's lag behind the server's WAL; SecondsBehind the age of the oldest
+	// unacknowledged transaction; null when not known here.
+	LagBytes      *int64   `json:"lag_bytes"`
+	SecondsBehind *float64 `json:"seconds_behind"`
+	// Produced and DeadLettered count this instance's records of the source since it started it.
+	Produced     int64 `json:"produced"`
+	DeadLettered int64 `json:"dead_lettered"`
+	// LastError is the last failure of the source here, at LastErrorAt.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+}
+
+// Snapshot returns the fleet as this instance sees it now.
+func (f *Fleet) Snapshot(ctx context.Context) View {
+	v := View{Instance: f.instance(), Sources: []SourceView{}, Problems: []string{}, At: time.Now().UTC()}
+	var owners map[string]string
+	if f.coord != nil {
+		v.Group = f.coord.Group
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var err error
+		owners, err = f.coord.Owners(octx)
+		cancel()
+		if err != nil {
+			v.Problems = append(v.Problems, "owners unknown: "+f.scrub(err.Error()))
+		}
+	}
+	for _, r := range f.sources {
+		cfg := r.src.Config
+		r.mu.Lock()
+		assigned, pause := r.assigned, r.pause
+		r.mu.Unlock()
+		sv := SourceView{
+			Name: cfg.Name, Owner: owners[cfg.Name], Here: assigned, Paused: pause.Paused,
+			Database: f.scrub(cfg.PostgresTarget()), Table: cfg.Postgres.Table, Slot: cfg.Postgres.Slot, Delivery: cfg.Kafka.Delivery,
+		}
+		if pause.Paused {
+			sv.PausedBy = f.scrub(pause.By)
+			at := pause.At
+			sv.PausedAt = &at
+		}
+		if f.coord == nil {
+			sv.Owner = v.Instance
+		}
+		if !assigned {
+			sv.State = "elsewhere"
+			if pause.Paused {
+				sv.State = "paused"
+			}
+			if sv.Owner == "" {
+				sv.Reason = "assigned to no instance right now (the group is rebalancing, or no instance is live)"
+			} else {
+				sv.Reason = "streamed by " + sv.Owner
+			}
+			v.Sources = append(v.Sources, sv)
+			continue
+		}
+		h := r.health()
+		sv.State, sv.Ready, sv.Reason = stateOf(h), h.Ready, h.NotReady
+		if h.SlotKnown && h.Slot.Exists {
+			lag := h.Slot.LagBytes
+			sv.LagBytes = &lag
+		}
+		if h.State == pipeline.StateStreaming {
+			behind := h.SecondsBehind
+			sv.SecondsBehind = &behind
+		}
+		sv.Produced, sv.DeadLettered = h.Produced, h.DeadLettered
+		if h.LastError != "" {
+			sv.LastError = f.scrub(h.LastError)
+			at := h.LastErrorAt.UTC()
+			sv.LastErrorAt = &at
+		}
+		v.Sources = append(v.Sources, sv)
+	}
+	return v
+}
+
+// stateOf names a source's state from its health.
+func stateOf(h pipeline.Health) string {
+	switch {
+	case h.Paused:
+		return "paused"
+	case strings.HasPrefix(h.NotReady, "failed:"):
+		return "failed"
+	case h.Ready:
+		return "streaming"
+	case h.State == pipeline.StateStandby:
+		return "standby"
+	}
+	return "starting"
+}
+
+// instance is this instance's name in the fleet API.
+func (f *Fleet) instance() string {
+	if f.coord != nil {
+		return f.coord.Instance
+	}
+	return f.name
+}
+
+// scrub hides secrets (the scrubber given to New).
+func (f *Fleet) scrub(s string) string {
+	if f.scrubber == nil {
+		return s
+	}
+	return f.scrubber(s)
+}
+
+// SetPaused pauses or resumes a source for the whole fleet (by names who asked, for the record). It
+// needs the coordination: the pause state lives in its topic, so that the instance the source moves to
+// keeps it paused.
+func (f *Fleet) SetPaused(ctx context.Context, name string, paused bool, by string) error {
+	if f.source(name) == nil {
+		return fmt.Errorf("%w: %q", errNoSource, name)
+	}
+	if f.coord == nil {
+		return errNoCoordination
+	}
+	return f.coord.SetPause(ctx, name, Pause{Paused: paused, By: by, At: time.Now().UTC()})
+}
+
+var (
+	errNoSource       = errors.New("no such source")
+	errNoCoordination = fmt.Errorf("pausing needs fleet.coordination %s: the pause state is kept in its topic for every instance", config.FleetKafka)
+)
+
+//go:embed status.html
+var statusHTML string
+
+var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
+	"bytes": func(p *int64) string {
+		if p == nil {
+			return "–"
+		}
+		v := float64(*p)
+		for _, unit := range []string{"B", "kB", "MB", "GB", "TB"} {
+			if v < 1000 || unit == "TB" {
+				if unit == "B" {
+					return fmt.Sprintf("%.0f %s", v, unit)
+				}
+				return fmt.Sprintf("%.1f %s", v, unit)
+			}
+			v /= 1000
+		}
+		return ""
+	},
+	"seconds": func(p *float64) string {
+		if p == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f s", *p)
+	},
+	"when": func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+}).Parse(statusHTML))
+
+// Handler serves the fleet API and the status page:
+//
+//	GET  /api/sources               the fleet as this instance sees it (View)
+//	GET  /api/sources/{name}        one source (SourceView)
+//	POST /api/sources/{name}/pause  pause a source fleet-wide (its slot released; nothing is lost)
+//	POST /api/sources/{name}/resume resume it
+//	GET  /status                    the same for people, as an HTML page with pause and resume buttons
+//
+// POSTs from another site's page are refused (cross-origin protection), so that a page in the
+// operator's browser cannot pause a source.
+func (f *Fleet) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/sources", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, f.Snapshot(r.Context()))
+	})
+	mux.HandleFunc("GET /api/sources/{name}", func(w http.ResponseWriter, r *http.Request) {
+		for _, s := range f.Snapshot(r.Context()).Sources {
+			if s.Name == r.PathValue("name") {
+				writeJSON(w, http.StatusOK, s)
+				return
+			}
+		}
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no source %q", r.PathValue("name"))})
+	})
+	for action, paused := range map[string]bool{"pause": true, "resume": false} {
+		mux.HandleFunc("POST /api/sources/{name}/"+action, func(w http.ResponseWriter, r *http.Request) {
+			name := r.PathValue("name")
+			by := r.FormValue("by")
+			if by == "" {
+				by = "fleet API from " + r.RemoteAddr
+			}
+			err := f.SetPaused(r.Context(), name, paused, by)
+			if err == nil && strings.Contains(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
+				// The status page's button: back to the page.
+				http.Redirect(w, r, "/status", http.StatusSeeOther)
+				return
+			}
+			switch {
+			case err == nil:
+				writeJSON(w, http.StatusAccepted, map[string]any{"name": name, "paused": paused})
+			case errors.Is(err, errNoSource):
+				writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+			case errors.Is(err, errNoCoordination):
+				writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+			default:
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": f.scrub(err.Error())})
+			}
+		})
+	}
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if err := statusPage.Execute(w, f.Snapshot(r.Context())); err != nil {
+			f.log.Warn("status page", "error", err.Error())
+		}
+	})
+	return http.NewCrossOriginProtection().Handler(mux)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
