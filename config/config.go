@@ -52,6 +52,8 @@ type Config struct {
 	// resolved is every source's whole configuration, built by Load from SourceList.
 	resolved []Config
 
+	// filePassword is what postgres.password_file held, a secret like the others.
+	filePassword string
 	// envPassword is PGPASSWORD from the environment Load read: pgx uses it when the URL has no
 	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
 	envPassword string
@@ -102,6 +104,9 @@ type Postgres struct {
 	// URL is the connection string (postgres://user:password@host:port/db). The role needs the
 	// REPLICATION attribute.
 	URL string `yaml:"url"`
+	// PasswordFile, when set, is a file holding the password of URL's user (a mounted Secret: the Helm
+	// chart gives each source of a fleet its own). It is read at start; the URL must not hold one.
+	PasswordFile string `yaml:"password_file"`
 	// StandbyURLs are the standbys that should be able to take over the slot at a failover
 	// (PostgreSQL 17+ failover slots); status and init check and explain their readiness.
 	StandbyURLs []string `yaml:"standby_urls"`
@@ -473,6 +478,35 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	return nil
 }
 
+// applyPasswordFile reads postgres.password_file into the URL's user information.
+func (c *Config) applyPasswordFile() error {
+	if c.Postgres.PasswordFile == "" {
+		return nil
+	}
+	data, err := os.ReadFile(c.Postgres.PasswordFile)
+	if err != nil {
+		return fmt.Errorf("postgres.password_file: %w", err)
+	}
+	password := strings.TrimRight(string(data), "\r\n")
+	if password == "" {
+		return fmt.Errorf("postgres.password_file: %s is empty", c.Postgres.PasswordFile)
+	}
+	c.filePassword = password
+	u, err := url.Parse(c.Postgres.URL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return errors.New("postgres.password_file: postgres.url must be a postgres:// URL to take the password (the value is not shown)")
+	}
+	if _, has := u.User.Password(); has {
+		return errors.New("postgres.password_file: postgres.url holds a password already; give it in one place")
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return errors.New("postgres.password_file: postgres.url names no user")
+	}
+	u.User = url.UserPassword(u.User.Username(), password)
+	c.Postgres.URL = u.String()
+	return nil
+}
+
 // Validate checks the whole configuration (one source's) and returns every problem, each naming its
 // key.
 func (c *Config) Validate() error {
@@ -713,7 +747,7 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 // information, escaped and unescaped, and any password=... value), and the SASL password. Loggers
 // and error output hide each wherever it appears.
 func (c *Config) Secrets() []string {
-	out := []string{c.Kafka.SASL.Password, c.envPassword}
+	out := []string{c.Kafka.SASL.Password, c.envPassword, c.filePassword}
 	add := func(v string) {
 		out = append(out, v)
 		if u, err := url.PathUnescape(v); err == nil && u != v {

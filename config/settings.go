@@ -106,6 +106,7 @@ func keyValues(p func(c *Config) *map[string]string) func(*Config, string) error
 var settings = []setting{
 	{"postgres.url", "OUTBOX_CDC_POSTGRES", "postgres", "PostgreSQL URL (role with REPLICATION)", str(func(c *Config) *string { return &c.Postgres.URL })},
 	{"postgres.standby_urls", "OUTBOX_CDC_STANDBY_URLS", "", "", list(func(c *Config) *[]string { return &c.Postgres.StandbyURLs })},
+	{"postgres.password_file", "OUTBOX_CDC_PASSWORD_FILE", "", "", str(func(c *Config) *string { return &c.Postgres.PasswordFile })},
 	{"postgres.table", "OUTBOX_CDC_TABLE", "table", "outbox table, schema-qualified", str(func(c *Config) *string { return &c.Postgres.Table })},
 	{"postgres.slot", "OUTBOX_CDC_SLOT", "slot", "logical replication slot", str(func(c *Config) *string { return &c.Postgres.Slot })},
 	{"postgres.publication", "OUTBOX_CDC_PUBLICATION", "publication", "publication", str(func(c *Config) *string { return &c.Postgres.Publication })},
@@ -244,6 +245,9 @@ func Load(path string, lookup func(string) (string, bool), fs *pflag.FlagSet) (C
 		return c, nil
 	}
 	c.ApplyFormatDefaults(func(key string) bool { return explicit[key] })
+	if err := c.applyPasswordFile(); err != nil {
+		return c, fmt.Errorf("invalid configuration:\n%w", err)
+	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -211,6 +211,9 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 		own := s.keys()
 		sc.ApplyFormatDefaults(func(key string) bool { return own[key] || explicit(key) })
 		sc.Name = s.Name
+		if err := sc.applyPasswordFile(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", label, err))
+		}
 		sc.validate(func(key, format string, args ...any) {
 			msg := fmt.Sprintf("%s: %s", key, fmt.Sprintf(format, args...))
 			for _, p := range processKeys {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -213,5 +214,49 @@ func TestGroupID(t *testing.T) {
 	}
 	if _, err := loadYAML(t, "sources:\n"+a, nil); err == nil || !strings.Contains(err.Error(), "set kafka.brokers at the top level") {
 		t.Errorf("coordination without top-level brokers: %v", err)
+	}
+}
+
+// TestPasswordFile: each source's password comes from its own file (a mounted Secret), goes into its
+// URL and is a secret; a URL that holds one already, or a missing file, is refused naming the key.
+func TestPasswordFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, b := write("a", "p@ss:w/rd\n"), write("b", "other-secret")
+	cfg, err := loadYAML(t, `
+kafka: {brokers: ["h:9092"]}
+sources:
+  - {name: a, postgres: {url: "postgres://ua@h/db1", password_file: `+a+`}}
+  - {name: b, postgres: {url: "postgres://ub@h/db2", password_file: `+b+`}}
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs := cfg.Sources()
+	for i, want := range []string{"p@ss:w/rd", "other-secret"} {
+		u, err := url.Parse(srcs[i].Postgres.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pw, _ := u.User.Password(); pw != want {
+			t.Errorf("source %s: password %q from its file, want %q", srcs[i].Name, pw, want)
+		}
+		if !slices.Contains(cfg.Secrets(), want) {
+			t.Errorf("Secrets() lacks the password of %s's file", srcs[i].Name)
+		}
+	}
+	for name, doc := range map[string]string{
+		"URL with a password": "  - {name: a, postgres: {url: \"postgres://ua:inline@h/db1\", password_file: " + a + "}}",
+		"missing file":        "  - {name: a, postgres: {url: \"postgres://ua@h/db1\", password_file: " + filepath.Join(dir, "nope") + "}}",
+	} {
+		if _, err := loadYAML(t, "kafka: {brokers: [\"h:9092\"]}\nsources:\n"+doc+"\n", nil); err == nil || !strings.Contains(err.Error(), "sources[0] (a): postgres.password_file") {
+			t.Errorf("%s: %v, want an error naming sources[0] (a): postgres.password_file", name, err)
+		}
 	}
 }

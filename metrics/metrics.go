@@ -212,10 +212,12 @@ func (m *Metrics) Handler() http.Handler {
 		// A two-replica deployment's probe counts a hot standby ready to take over as ready, or its
 		// rollouts and drains would wait forever for the standby.
 		standbyOK := r.URL.Query().Get("standby") == "ready"
-		ready := len(sources) > 0
+		// An instance of a fleet that is assigned no source (more instances than sources) is ready:
+		// there is nothing for it to stream.
+		ready := true
 		var body strings.Builder
 		if len(sources) == 0 {
-			body.WriteString("no source on this instance\n")
+			body.WriteString("no source assigned to this instance\n")
 		}
 		for _, src := range sources {
 			s := src.health()

@@ -275,7 +275,7 @@ func TestDashboardIsScopedToADeployment(t *testing.T) {
 	for _, v := range d.Templating.List {
 		vars[v.Name] = true
 	}
-	for _, want := range []string{"namespace", "job", "instance"} {
+	for _, want := range []string{"namespace", "job", "instance", "source"} {
 		if !vars[want] {
 			t.Errorf("the dashboard has no $%s variable", want)
 		}
@@ -286,7 +286,7 @@ func TestDashboardIsScopedToADeployment(t *testing.T) {
 		for _, tg := range p.Targets {
 			for _, m := range metricRE.FindAllStringSubmatch(tg.Expr, -1) {
 				seen[strings.SplitN(m[0], "{", 2)[0]] = true
-				if !strings.Contains(m[1], `namespace=~"$namespace"`) || !strings.Contains(m[1], `job=~"$job"`) || !strings.Contains(m[1], `instance=~"$instance"`) {
+				if !strings.Contains(m[1], `namespace=~"$namespace"`) || !strings.Contains(m[1], `job=~"$job"`) || !strings.Contains(m[1], `instance=~"$instance"`) || !strings.Contains(m[1], `source=~"$source"`) {
 					t.Errorf("panel %q: %s is not scoped by the variables", p.Title, m[0])
 				}
 			}

@@ -76,10 +76,17 @@ func (m manifest) get(path ...any) any {
 // render runs helm template with the given --set values and returns the objects by kind.
 func render(t *testing.T, sets ...string) map[string]manifest {
 	t.Helper()
-	args := []string{"template", "prod", "outbox-cdc"}
+	var args []string
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
+	return renderWith(t, args...)
+}
+
+// renderWith renders the chart as release prod with helm template's further arguments.
+func renderWith(t *testing.T, extra ...string) map[string]manifest {
+	t.Helper()
+	args := append([]string{"template", "prod", "outbox-cdc"}, extra...)
 	out, err := helm(t, args...)
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
@@ -303,5 +310,87 @@ func TestChartForRealClusters(t *testing.T) {
 	}
 	if want := "image: ghcr.io/outbox-cdc/outbox-cdc:" + meta.AppVersion; !strings.Contains(string(def), want) {
 		t.Errorf("the default image is not %q:\n%s", want, def)
+	}
+}
+
+// TestChartRunsAFleet: with sources, the chart renders one configuration with every source (its
+// password a file mounted from its own Secret, no password in any URL), replicas that name themselves
+// by pod in the group, and a readiness probe that one source's database cannot fail; a source URL
+// holding a password and a source key outbox-cdc does not take are refused.
+func TestChartRunsAFleet(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "fleet.yaml")
+	doc := `
+replicaCount: 3
+sources:
+  - name: orders
+    passwordSecret: {name: orders-db, key: password}
+    config:
+      postgres: {url: "postgres://outbox_cdc@orders-db:5432/orders", slot: orders}
+      routing: {topic: "orders.{event_type}"}
+  - name: billing
+    passwordSecret: {name: billing-db, key: pw}
+    config:
+      postgres: {url: "postgres://outbox_cdc@billing-db:5432/billing", slot: billing}
+      kafka: {delivery: exactly-once}
+`
+	if err := os.WriteFile(values, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := renderWith(t, "-f", values)
+	dep := objs["Deployment"]
+	if r := dep.get("spec", "replicas"); r != 3 {
+		t.Errorf("replicas %v, want 3", r)
+	}
+	text, err := yaml.Marshal(dep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"secretName: orders-db", "secretName: billing-db", "mountPath: /etc/outbox-cdc-passwords/orders",
+		"mountPath: /etc/outbox-cdc-passwords/billing", "name: OUTBOX_CDC_FLEET_INSTANCE", "fieldPath: metadata.name", "path: /healthz"} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("the Deployment lacks %q", want)
+		}
+	}
+	if strings.Contains(string(text), "name: PGPASSWORD") {
+		t.Error("the fleet's pods read PGPASSWORD from a Secret no source needs")
+	}
+
+	// The configuration, with the mounted password files where the pod has them, loads as outbox-cdc
+	// reads it: both sources, each with its own password.
+	dir := t.TempDir()
+	for name, key := range map[string]string{"orders": "password", "billing": "pw"} {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, key), []byte("secret-of-"+name+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfgText := objs["ConfigMap"].get("data", "outbox-cdc.yaml").(string)
+	file := filepath.Join(t.TempDir(), "outbox-cdc.yaml")
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(cfgText, "/etc/outbox-cdc-passwords/", dir+"/")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(file, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatalf("the ConfigMap's configuration: %v\n%s", err, cfgText)
+	}
+	srcs := cfg.Sources()
+	if len(srcs) != 2 || srcs[0].Name != "orders" || srcs[1].Kafka.Delivery != config.DeliveryExactlyOnce {
+		t.Fatalf("sources %+v", srcs)
+	}
+	for _, s := range srcs {
+		if !strings.Contains(s.Postgres.URL, ":secret-of-"+s.Name+"@") {
+			t.Errorf("source %s does not take its own password", s.Name)
+		}
+	}
+
+	for name, bad := range map[string]string{
+		"a password in a source URL": "sources[0].config.postgres.url=postgres://u:pw@h:5432/db",
+		"a key a source cannot set":  "sources[0].config.log.level=debug",
+	} {
+		if out, err := helm(t, "template", "prod", "outbox-cdc", "-f", values, "--set", bad); err == nil {
+			t.Errorf("%s: rendered; want a refusal\n%s", name, out)
+		}
 	}
 }

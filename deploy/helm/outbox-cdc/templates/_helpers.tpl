@@ -50,3 +50,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The configuration file: config, and with sources their list (each source's config under its name,
+its password as a file mounted from its Secret); the top-level postgres.url is then left out.
+*/}}
+{{- define "outbox-cdc.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- if .Values.sources -}}
+{{- if $cfg.postgres -}}{{- $_ := unset $cfg.postgres "url" -}}{{- end -}}
+{{- $list := list -}}
+{{- range .Values.sources -}}
+{{- $s := deepCopy (.config | default dict) -}}
+{{- $_ := set $s "name" .name -}}
+{{- if .passwordSecret -}}
+{{- $pg := deepCopy ($s.postgres | default dict) -}}
+{{- $_ := set $pg "password_file" (printf "/etc/outbox-cdc-passwords/%s/%s" .name .passwordSecret.key) -}}
+{{- $_ := set $s "postgres" $pg -}}
+{{- end -}}
+{{- $list = append $list $s -}}
+{{- end -}}
+{{- $_ := set $cfg "sources" $list -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
