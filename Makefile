@@ -98,11 +98,13 @@ bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka C
 	scripts/services.sh debezium-libs
 	$(GO) run ./bench -compare -charts docs/bench
 
-chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections; then primary failovers on PostgreSQL 17) in both delivery modes: one line each, fails on loss, disorder or phantom events (and on any duplicate in exactly-once mode)
+chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections; then primary failovers on PostgreSQL 17; then a fleet of 4 sources over 3 instances killed one by one) in both delivery modes: one line each, fails on loss, disorder or phantom events (and on any duplicate in exactly-once mode)
 	$(GO) run ./scripts/chaos -delivery at-least-once
 	$(GO) run ./scripts/chaos -delivery exactly-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery at-least-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery exactly-once
+	$(GO) run ./scripts/chaos -fleet 4 -delivery at-least-once
+	$(GO) run ./scripts/chaos -fleet 4 -delivery exactly-once
 
 chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults (DELIVERY=exactly-once for that mode)
 	$(GO) run ./scripts/chaos -long -delivery $${DELIVERY:-at-least-once}

@@ -54,6 +54,7 @@ func main() {
 	flag.StringVar(&txSizes, "tx-sizes", "1,10,100,1000,10000", "throughput sweep: rows per transaction (empty skips)")
 	flag.IntVar(&c.sweepEvents, "sweep-events", 50000, "throughput sweep: events per point (fewer for large payloads)")
 	runs := flag.Int("runs", 3, "runs; medians are reported")
+	fleetCounts := flag.String("fleet", "", "instead of the rest: one process with each of these numbers of sources (e.g. 1,10,50): RSS, connections and CPU idle and under -rate events/s, and the drain of -events over 1 and 4 sources")
 	inboxEvents := flag.Int("inbox", 0, "instead of the rest: package inbox's throughput on this many events, beside a bare consumer running the same insert")
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect, with defaults and tuned (make bench-compare)")
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
@@ -79,6 +80,17 @@ func main() {
 	slices.Sort(c.rates)
 	env := devEnv()
 	c.pgURL, c.brokers = env["OUTBOX_CDC_POSTGRES"], env["OUTBOX_CDC_BROKERS"]
+	if *fleetCounts != "" {
+		counts, err := intList("fleet", *fleetCounts)
+		if err == nil {
+			err = runFleet(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], counts, c.rate, c.events)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *inboxEvents > 0 {
 		if err := runInbox(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], *inboxEvents, *runs); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)

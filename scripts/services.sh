@@ -143,8 +143,9 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$data'
 wal_level = logical
-max_replication_slots = 32
-max_wal_senders = 32
+max_replication_slots = 128
+max_wal_senders = 128
+max_connections = 400
 wal_sender_timeout = 60s
 fsync = off
 full_page_writes = off
@@ -158,6 +159,11 @@ local   replication  all                      trust
 host    all          all        127.0.0.1/32  scram-sha-256
 host    replication  all        127.0.0.1/32  scram-sha-256
 HBA
+  fi
+  # Room for the fleet tests and bench (50 sources: a slot, a walsender and a few connections each),
+  # also in a data directory made before these settings (later lines of postgresql.conf win).
+  if ! grep -q '^max_replication_slots = 128' "$data/postgresql.conf"; then
+    printf '%s\n' '# outbox-cdc: room for fleets' 'max_replication_slots = 128' 'max_wal_senders = 128' 'max_connections = 400' >> "$data/postgresql.conf"
   fi
   if pg_cmd "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     log "postgres $PG_VERSION already running on port $PG_PORT"

@@ -63,6 +63,7 @@ func main() {
 	flag.StringVar(&o.binary, "binary", "bin/outbox-cdc", "the outbox-cdc binary")
 	flag.DurationVar(&o.recoverWait, "recover-timeout", 2*time.Minute, "longest wait for the router to catch up after a fault")
 	flag.StringVar(&o.delivery, "delivery", "at-least-once", "kafka.delivery of the router: at-least-once, or exactly-once (read back with read_committed; any duplicate fails the run)")
+	fleet := flag.Int("fleet", 0, "instead of the other faults, this many sources shared by three instances (the consumer group), an instance killed and replaced at every fault")
 	flag.IntVar(&o.failover, "failover", 0, "instead of the other faults, this many primary failovers on a PostgreSQL 17 primary and standby of the run's own")
 	flag.Parse()
 	if o.delivery != "at-least-once" && o.delivery != "exactly-once" {
@@ -78,7 +79,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ok, err := run(ctx, o)
+	var ok bool
+	var err error
+	if *fleet > 0 {
+		ok, err = runFleet(ctx, o, *fleet)
+	} else {
+		ok, err = run(ctx, o)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)

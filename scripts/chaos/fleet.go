@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// fleetInstances is how many outbox-cdc processes share the sources in the fleet mode.
+const fleetInstances = 3
+
+var fleetActiveRE = regexp.MustCompile(`(?m)^outbox_cdc_role\{role="active",source="([^"]+)"\} 1$`)
+
+// fleetProc is one instance of the fleet.
+type fleetProc struct {
+	*routerProc
+	metrics string
+}
+
+// active returns the sources the instance streams (none when it does not answer).
+func (p *fleetProc) active() []string {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	client := http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, m := range fleetActiveRE.FindAllStringSubmatch(string(body), -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// runFleet is the fleet mode: n sources (tables of the local database) shared by three instances
+// through the consumer group, written to all the while, and an instance killed (SIGKILL, or SIGTERM
+// one time in four) and replaced every o.every. Each time it measures how long until every source
+// streams again; at the end it checks every source's events as the single-router mode does.
+func runFleet(ctx context.Context, o options, n int) (bool, error) {
+	e, err := env()
+	if err != nil {
+		return false, err
+	}
+	id := fmt.Sprintf("%x", time.Now().Unix())
+	if err := os.MkdirAll(".dev/chaos", 0o755); err != nil {
+		return false, err
+	}
+	per := o
+	per.rate = max(o.rate/n, 2)
+	var sources []*suite
+	var entries strings.Builder
+	for i := range n {
+		s := &suite{o: per, pgURL: e["OUTBOX_CDC_POSTGRES"], adminURL: e["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], brokers: strings.Split(e["OUTBOX_CDC_BROKERS"], ","),
+			table: fmt.Sprintf("public.chaos_%s_%d", id, i), pub: fmt.Sprintf("chaos_%s_%d", id, i), slot: fmt.Sprintf("chaos_%s_%d", id, i),
+			pfx: fmt.Sprintf("chaos-%s-%d", id, i), faults: map[string]int{}}
+		if err := s.setup(ctx); err != nil {
+			return false, err
+		}
+		defer s.cleanup()
+		sources = append(sources, s)
+		fmt.Fprintf(&entries, "  - {name: s%d, postgres: {url: %q, table: %s, slot: %s, publication: %s}, routing: {topic: %q}}\n",
+			i, s.pgURL, s.table, s.slot, s.pub, s.pfx+".{event_type}")
+	}
+	cfgFile := filepath.Join(".dev/chaos", id+".fleet.yaml")
+	doc := fmt.Sprintf(`kafka: {brokers: [%q], delivery: %s, checkpoint_topic: chaos-%s.checkpoints, record_timestamp: produce}
+postgres: {status_interval: 2s, receive_timeout: 5s, standby_poll_interval: 500ms}
+log: {format: json}
+shutdown_timeout: 10s
+fleet: {session_timeout: 6s}
+sources:
+%s`, strings.Join(sources[0].brokers, ","), o.delivery, id, entries.String())
+	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
+		return false, err
+	}
+	logPath := filepath.Join(".dev/chaos", id+".fleet.log")
+	start := func() (*fleetProc, error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(o.binary, "run", "--config", cfgFile)
+		cmd.Env = append(os.Environ(), "OUTBOX_CDC_METRICS_ADDR="+addr)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		if err := cmd.Start(); err != nil {
+			logFile.Close()
+			return nil, err
+		}
+		r := &routerProc{cmd: cmd, done: make(chan struct{})}
+		go func() {
+			_ = cmd.Wait()
+			logFile.Close()
+			close(r.done)
+		}()
+		return &fleetProc{routerProc: r, metrics: addr}, nil
+	}
+	var live []*fleetProc
+	defer func() {
+		for _, p := range live {
+			p.stop(syscall.SIGKILL)
+		}
+	}()
+	for range fleetInstances {
+		p, err := start()
+		if err != nil {
+			return false, err
+		}
+		live = append(live, p)
+	}
+	// allStreaming waits until every source streams on exactly one live instance.
+	allStreaming := func(timeout time.Duration) (time.Duration, bool) {
+		began := time.Now()
+		for time.Since(began) < timeout && ctx.Err() == nil {
+			seen := map[string]int{}
+			for _, p := range live {
+				for _, s := range p.active() {
+					seen[s]++
+				}
+			}
+			ok := len(seen) == n
+			for _, c := range seen {
+				ok = ok && c == 1
+			}
+			if ok {
+				return time.Since(began), true
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return time.Since(began), false
+	}
+	if _, ok := allStreaming(time.Minute); !ok {
+		return false, fmt.Errorf("the fleet did not stream every source within a minute (log: %s)", logPath)
+	}
+
+	began := time.Now()
+	wctx, stopWriters := context.WithCancel(ctx)
+	var writers sync.WaitGroup
+	for _, s := range sources {
+		s.committed, s.txids = make([][]testenv.Event, 2), make([][]string, 2)
+		for w := range 2 {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				s.write(wctx, w)
+			}()
+		}
+	}
+	faults := map[string]int{}
+	var takeovers []time.Duration
+	unrecovered := 0
+	for ctx.Err() == nil && time.Since(began) < o.duration {
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.every):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		i := rand.IntN(len(live))
+		kind, sig := "kill", syscall.SIGKILL
+		if rand.IntN(4) == 0 {
+			kind, sig = "term", syscall.SIGTERM
+		}
+		live[i].stop(sig)
+		live = slices.Delete(live, i, i+1)
+		faults[kind]++
+		took, ok := allStreaming(time.Minute)
+		if !ok {
+			unrecovered++
+		}
+		takeovers = append(takeovers, took)
+		p, err := start() // the replacement joins and takes its share
+		if err != nil {
+			stopWriters()
+			return false, err
+		}
+		live = append(live, p)
+	}
+	stopWriters()
+	writers.Wait()
+
+	var total struct{ events, missing, violations, wrong, dups int }
+	var problems []string
+	caughtUp := true
+	for _, s := range sources {
+		if err := s.waitCaughtUp(context.Background(), s.currentLSN(context.Background()), o.recoverWait); err != nil {
+			caughtUp = false
+			problems = append(problems, s.pfx+": "+err.Error())
+		}
+		var want []testenv.Event
+		for _, evs := range s.committed {
+			want = append(want, evs...)
+		}
+		rep := testenv.CheckDelivery(s.pfx, want, s.consume(want))
+		total.events += rep.Events
+		total.missing += rep.Missing
+		total.violations += rep.OrderViolations
+		total.wrong += rep.Wrong
+		total.dups += rep.Duplicates
+		problems = append(problems, rep.Problems...)
+	}
+	slices.Sort(takeovers)
+	median, worst := time.Duration(0), time.Duration(0)
+	if k := len(takeovers); k > 0 {
+		median, worst = takeovers[k/2], takeovers[k-1]
+	}
+	fmt.Printf("chaos fleet: delivery=%s sources=%d instances=%d events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=kill:%d,term:%d takeover_median=%s takeover_max=%s unrecovered=%d duration=%s\n",
+		o.delivery, n, fleetInstances, total.events, total.missing, total.violations, total.wrong, total.dups, faults["kill"], faults["term"],
+		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), unrecovered, time.Since(began).Round(time.Second))
+	for i, p := range problems {
+		if i == 20 {
+			fmt.Printf("  ... %d more\n", len(problems)-20)
+			break
+		}
+		fmt.Println("  " + p)
+	}
+	ok := total.missing == 0 && total.violations == 0 && total.wrong == 0 && unrecovered == 0 && caughtUp
+	if o.delivery == "exactly-once" && total.dups > 0 {
+		fmt.Printf("  exactly-once: a read_committed consumer saw %d duplicates\n", total.dups)
+		ok = false
+	}
+	if !ok {
+		fmt.Println("  log: " + logPath)
+	}
+	return ok, nil
+}
