@@ -51,22 +51,30 @@ func (in *fleetInstance) active(t *testing.T) []string {
 	return out
 }
 
-// TestFleetSharesSources: three instances started with one sources list of seven sources share them
-// through the consumer group: every source streams on exactly one instance within 60 s, split 3/2/2;
-// after an instance is killed its sources stream again on the others (the time is logged; the goal is
-// 15 s); a new instance takes its share; an instance stopped with SIGTERM hands its sources over and
-// exits 0. Every event of every source arrives, in order, through all of it.
+// TestFleetSharesSources: three instances started with one sources list of eight sources (seven
+// databases, one of them with a second outbox table) share them through the consumer group, with a
+// writer on every source all along: every source streams on exactly one instance within 60 s, spread
+// evenly; after an instance is SIGKILLed its sources stream again on the others (the time is logged;
+// the goal is 15 s); a new instance takes its share; an instance stopped with SIGTERM hands its
+// sources over and exits 0; ownership is balanced after each change. One source's database stopped:
+// the other seven keep streaming and stay ready. Every event of every source arrives, in order.
 func TestFleetSharesSources(t *testing.T) {
-	const nSources = 7
+	const nSources = 8
 	types := []string{"Placed", "Shipped"}
 	var (
 		fixtures [nSources]*testenv.Fixture
 		gens     [nSources]*testenv.Generator
+		writers  [nSources]*testenv.Writer
 		written  [nSources][]testenv.Event
 		entries  strings.Builder
 	)
 	for i := range nSources {
-		f := testenv.NewFixture(t)
+		var f *testenv.Fixture
+		if i == nSources-1 {
+			f = testenv.NewFixtureIn(t, fixtures[0]) // a second outbox table in src0's database
+		} else {
+			f = testenv.NewDatabaseFixture(t)
+		}
 		fixtures[i] = f
 		gens[i] = testenv.NewGenerator(8, types...)
 		fmt.Fprintf(&entries, "  - name: src%d\n    postgres: {url: %q, table: %s, slot: %s, publication: %s}\n    routing: {topic: %q}\n",
@@ -109,7 +117,7 @@ sources:
 					seen[s]++
 				}
 			}
-			last = fmt.Sprintf("active per instance %v, sources %v", counts, seen)
+			last = fmt.Sprintf("active per instance %v", counts)
 			if len(seen) != nSources {
 				return false
 			}
@@ -120,21 +128,30 @@ sources:
 			}
 			return slices.Max(counts)-slices.Min(counts) <= 1
 		})
-		t.Logf("%s after %s: %s", what, time.Since(began).Round(100*time.Millisecond), last)
-		return time.Since(began)
+		took := time.Since(began)
+		t.Logf("%s after %s: %s", what, took.Round(100*time.Millisecond), last)
+		return took
 	}
-	write := func(rows int) {
+	startWriter := func(i int) {
+		writers[i] = testenv.StartWriter(t, fixtures[i], gens[i], 2, 50*time.Millisecond, i%2 == 0)
+	}
+	stopWriter := func(i int) {
 		t.Helper()
-		for i := range nSources {
-			written[i] = append(written[i], testenv.Preload(t, fixtures[i], gens[i], rows)...)
+		evs, err := writers[i].Stop()
+		if err != nil {
+			t.Fatalf("writer of src%d: %v", i, err)
 		}
+		written[i] = append(written[i], evs...)
 	}
 
 	a, b, c := start(), start(), start()
 	settled("three instances started together: every source active once, spread evenly", []*fleetInstance{a, b, c}, 60*time.Second)
-	write(50)
+	for i := range nSources {
+		startWriter(i)
+	}
+	time.Sleep(2 * time.Second)
 
-	// Kill the instance with the most sources: they stream again on the other two.
+	// SIGKILL the instance with the most sources: they stream again on the other two.
 	all := []*fleetInstance{a, b, c}
 	vi := 0
 	for i, in := range all {
@@ -148,8 +165,7 @@ sources:
 	if err := victim.r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	write(50) // written while the victim's sources have no instance
-	took := settled(fmt.Sprintf("the sources %v of a killed instance streaming again", moved), rest, 60*time.Second)
+	took := settled(fmt.Sprintf("the sources %v of a SIGKILLed instance streaming again", moved), rest, 60*time.Second)
 	if took > 30*time.Second {
 		t.Errorf("the sources of a killed instance took %s to stream again (goal 15 s, session timeout 6 s)", took.Round(time.Second))
 	}
@@ -161,7 +177,6 @@ sources:
 	if len(d.active(t)) == 0 {
 		t.Error("the instance that joined streams nothing")
 	}
-	write(50)
 
 	// SIGTERM: the instance hands its sources over and exits 0.
 	leaving := live[0]
@@ -171,15 +186,40 @@ sources:
 	if code := leaving.r.exitCode(t, 60*time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
-	settled("the sources of an instance stopped with SIGTERM streaming again", live[1:], 30*time.Second)
-	write(50)
+	live = live[1:]
+	settled("the sources of an instance stopped with SIGTERM streaming again", live, 30*time.Second)
+
+	// One source's database down: the other seven stream on and stay ready where they run.
+	const down = 3
+	stopWriter(down)
+	unblock := fixtures[down].BlockDatabase(t)
+	for round := range 3 {
+		time.Sleep(2 * time.Second)
+		streaming := map[string]bool{}
+		for _, in := range live {
+			for _, s := range in.active(t) {
+				streaming[s] = true
+				if code, body := httpGet(t, in.addr, "/readyz?source="+s); code != 200 {
+					t.Errorf("round %d: %s not ready while only src%d's database is down: %d %s", round, s, down, code, body)
+				}
+			}
+		}
+		for i := range nSources {
+			if name := fmt.Sprintf("src%d", i); i != down && !streaming[name] {
+				t.Errorf("round %d: %s does not stream while only src%d's database is down", round, name, down)
+			}
+		}
+	}
+	unblock()
+	startWriter(down)
+	settled("every source streaming again once the database is back", live, 90*time.Second)
+	time.Sleep(2 * time.Second)
 
 	for i := range nSources {
+		stopWriter(i)
 		f := fixtures[i]
 		got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, types...), len(written[i]), 2*time.Minute, testenv.ConsumerOpts()...)
 		dups := testenv.VerifyDelivery(t, f, written[i], got)
-		if dups > 0 {
-			t.Logf("src%d: %d events, %d duplicates", i, len(written[i]), dups)
-		}
+		t.Logf("src%d: %d events, %d duplicates", i, len(written[i]), dups)
 	}
 }

@@ -229,6 +229,14 @@ func NewDatabaseFixture(t testing.TB) *Fixture {
 	return f
 }
 
+// NewFixtureIn is NewFixture in the database of another fixture: a second outbox table there.
+func NewFixtureIn(t testing.TB, other *Fixture) *Fixture {
+	t.Helper()
+	f := newFixture(t, other.PostgresURL, other.AdminURL)
+	f.Database = other.Database
+	return f
+}
+
 // withDatabase returns the URL u connecting to database db.
 func withDatabase(t testing.TB, u, db string) string {
 	pu, err := url.Parse(u)
