@@ -103,8 +103,8 @@ chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut
 	$(GO) run ./scripts/chaos -delivery exactly-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery at-least-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery exactly-once
-	$(GO) run ./scripts/chaos -fleet 4 -delivery at-least-once
-	$(GO) run ./scripts/chaos -fleet 4 -delivery exactly-once
+	$(GO) run ./scripts/chaos -fleet 4 -duration 60s -delivery at-least-once
+	$(GO) run ./scripts/chaos -fleet 4 -duration 60s -delivery exactly-once
 
 chaos-long: build up ## the long chaos run: 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults (DELIVERY=exactly-once for that mode)
 	$(GO) run ./scripts/chaos -long -delivery $${DELIVERY:-at-least-once}

@@ -50,6 +50,8 @@ type Coordinator struct {
 // Otherwise it reads until ctx ends.
 func (c *Coordinator) readControl(ctx context.Context, cl *kgo.Client, ev Events, catchUp bool) error {
 	need := map[int32]int64{} // partition -> offset still to reach
+	var lastErr string
+	var lastAt time.Time
 	if catchUp {
 		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -83,8 +85,18 @@ func (c *Coordinator) readControl(ctx context.Context, cl *kgo.Client, ev Events
 			return ctx.Err()
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			c.Log.Warn("fleet: reading the coordination topic", "topic", topic, "partition", p, "error", err.Error())
+			if err.Error() == lastErr && time.Since(lastAt) < time.Minute {
+				return
+			}
+			lastErr, lastAt = err.Error(), time.Now()
+			c.Log.Warn("fleet: cannot read the pause states in the coordination topic", "topic", topic, "partition", p, "error", err.Error())
 		})
+		if fetches.Err0() != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 		fetches.EachRecord(func(r *kgo.Record) {
 			if end, ok := need[r.Partition]; ok && r.Offset+1 >= end {
 				delete(need, r.Partition)
@@ -271,14 +283,25 @@ func (c *Coordinator) Run(ctx context.Context, names []string, ev Events) error 
 	c.mu.Unlock()
 	defer cl.Close() // leaves the group (OnPartitionsRevoked for what is still assigned)
 	c.Log.Info("fleet: joining the group that shares the sources", "group", c.Group, "instance", c.Instance, "topic", c.Topic, "sources", len(sorted))
+	var lastErr string
+	var lastAt time.Time
 	for ctx.Err() == nil {
-		// The topic holds no records: polling keeps the consumer going and reports errors.
+		// The records are read by the control client: polling keeps the member going and reports
+		// errors (the same one at most once a minute).
 		fetches := cl.PollFetches(ctx)
 		fetches.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				c.Log.Warn("fleet: coordination topic", "topic", topic, "partition", p, "error", err.Error())
+			if errors.Is(err, context.Canceled) || (err.Error() == lastErr && time.Since(lastAt) < time.Minute) {
+				return
 			}
+			lastErr, lastAt = err.Error(), time.Now()
+			c.Log.Warn("fleet: the group member cannot consume the coordination topic; the sources it holds stream on, but changes wait", "topic", topic, "partition", p, "error", err.Error())
 		})
+		if fetches.Err0() != nil {
+			select { // an error comes back at once: do not spin
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 	}
 	return nil
 }

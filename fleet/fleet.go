@@ -92,6 +92,12 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources [
 			continue
 		}
 		f.sources = append(f.sources, r)
+		if coord == nil && w != nil {
+			// Without coordination every source is this instance's from the start: /readyz says
+			// "starting" for each until it streams, never "no source".
+			r.assigned = true
+			w.Watch(s.Config.Name, r.health)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

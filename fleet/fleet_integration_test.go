@@ -21,21 +21,8 @@ import (
 
 // sourceConfig is a source of the fleet for fixture f, with short intervals for tests.
 func sourceConfig(name string, f *testenv.Fixture) config.Config {
-	cfg := config.Default()
+	cfg := testenv.RouterConfig(f)
 	cfg.Name = name
-	cfg.Postgres.URL = f.PostgresURL
-	cfg.Postgres.Table = f.Table
-	cfg.Postgres.Slot = f.Slot
-	cfg.Postgres.Publication = f.Publication
-	cfg.Postgres.StatusInterval = 2 * time.Second
-	cfg.Postgres.StandbyPollInterval = 500 * time.Millisecond
-	cfg.Kafka.Brokers = f.Brokers
-	cfg.Kafka.TopicPartitions = 3
-	cfg.Routing.Topic = f.TopicPrefix + ".{event_type}"
-	cfg.ShutdownTimeout = 20 * time.Second
-	cfg.Kafka.Delivery = testenv.Delivery()
-	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
-	cfg.Kafka.RecordTimestamp = config.RecordTimestampProduce // the delivery checker orders copies by it
 	return cfg
 }
 
@@ -102,8 +89,12 @@ func TestOneSourceDownOthersStream(t *testing.T) {
 	h := m.Handler()
 	// Ready: every slot exists (the router creates it), so nothing written from now on is missed.
 	testenv.WaitFor(t, 60*time.Second, "every source ready", func() bool {
-		code, _ := readyz(t, h, "")
-		return code == http.StatusOK
+		for i := range n {
+			if code, _ := readyz(t, h, fmt.Sprintf("s%d", i)); code != http.StatusOK {
+				return false
+			}
+		}
+		return true
 	})
 	for i := range n {
 		write(i, 200)

@@ -14,26 +14,7 @@ import (
 )
 
 // testConfig is the pipeline configuration for a fixture, with short intervals for tests.
-func testConfig(f *testenv.Fixture) config.Config {
-	cfg := config.Default()
-	cfg.Postgres.URL = f.PostgresURL
-	cfg.Postgres.Table = f.Table
-	cfg.Postgres.Slot = f.Slot
-	cfg.Postgres.Publication = f.Publication
-	cfg.Postgres.StatusInterval = 2 * time.Second
-	cfg.Postgres.StandbyPollInterval = 500 * time.Millisecond
-	cfg.Kafka.Brokers = f.Brokers
-	cfg.Kafka.TopicPartitions = 3
-	cfg.Routing.Topic = f.TopicPrefix + ".{event_type}"
-	cfg.ShutdownTimeout = 20 * time.Second
-	cfg.Kafka.Delivery = testenv.Delivery()
-	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
-	// The delivery checker reads the record timestamp as the order of production (which copy of a
-	// replayed event came last); commit times would make every copy equal. TestRecordTimestamps
-	// checks the default.
-	cfg.Kafka.RecordTimestamp = config.RecordTimestampProduce
-	return cfg
-}
+func testConfig(f *testenv.Fixture) config.Config { return testenv.RouterConfig(f) }
 
 // testLogger logs to the test output when -v is given and stays quiet otherwise.
 func testLogger(t testing.TB) *slog.Logger {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
 const startHint = "start the local services with `make up` (scripts/services.sh up), or set OUTBOX_CDC_POSTGRES and OUTBOX_CDC_BROKERS"
@@ -489,4 +491,26 @@ func TLSBrokers(t testing.TB) (brokers []string, caFile string) {
 		t.Fatalf("OUTBOX_CDC_TEST_TLS_BROKERS / OUTBOX_CDC_TEST_TLS_CA_FILE are not set and .dev/env lacks them: %s", startHint)
 	}
 	return strings.Split(v, ","), ca
+}
+
+// RouterConfig is the router's configuration for a fixture, with short intervals for tests, in the
+// suite's delivery mode. Record timestamps are the produce time: the delivery checker reads them as
+// the order of production (which copy of a replayed event came last); commit times would make every
+// copy equal (TestRecordTimestamps checks the default).
+func RouterConfig(f *Fixture) config.Config {
+	cfg := config.Default()
+	cfg.Postgres.URL = f.PostgresURL
+	cfg.Postgres.Table = f.Table
+	cfg.Postgres.Slot = f.Slot
+	cfg.Postgres.Publication = f.Publication
+	cfg.Postgres.StatusInterval = 2 * time.Second
+	cfg.Postgres.StandbyPollInterval = 500 * time.Millisecond
+	cfg.Kafka.Brokers = f.Brokers
+	cfg.Kafka.TopicPartitions = 3
+	cfg.Routing.Topic = f.TopicPrefix + ".{event_type}"
+	cfg.ShutdownTimeout = 20 * time.Second
+	cfg.Kafka.Delivery = Delivery()
+	cfg.Kafka.CheckpointTopic = f.TopicPrefix + ".checkpoints"
+	cfg.Kafka.RecordTimestamp = config.RecordTimestampProduce
+	return cfg
 }
