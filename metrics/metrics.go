@@ -304,7 +304,7 @@ var (
 	descSilence      = desc("server_silence_seconds", "Time since the replication connection last heard from PostgreSQL; absent without a session.")
 	descTxns         = desc("kafka_transactions_total", "Kafka transactions of the exactly-once mode, by result: committed or aborted.", "result")
 	descCheckpoint   = desc("checkpoint_lsn", "Last checkpoint committed to Kafka or read back at start (exactly-once mode, as a byte position); the slot is never confirmed past it. Absent before the first.")
-	descSkipped      = desc("events_skipped_total", "Events the slot sent again that the last checkpoint showed already in Kafka (exactly-once mode).")
+	descSkipped      = desc("events_skipped_total", "Events the slot sent again that were already in Kafka: below the last checkpoint (exactly-once mode), or acknowledged before the last failure of this process (at-least-once mode).")
 	descPhantomRisk  = desc("failover_phantom_risk", "1 while the slot is a failover slot and the primary's synchronized_standby_slots is empty (a failover to a lagging standby would leave phantom events in Kafka), else 0; absent before the first session checked.")
 )
 

@@ -224,6 +224,27 @@ type carried struct {
 	server string
 	// verified is the last session's last verification of the outbox: the next one must continue it.
 	verified replication.Verification
+	// acked is how far the last session's transactions were all acknowledged by Kafka (at-least-once
+	// mode), and on which server: the next session skips whole transactions below it instead of
+	// sending them again.
+	acked ackedPosition
+}
+
+// ackedPosition is a watermark of acknowledged transactions on one server's timeline.
+type ackedPosition struct {
+	lsn              checkpoint.LSN
+	system, database string
+	timeline         uint32
+}
+
+// skipBelow is the position below which a session on srv, starting from the slot at start, may skip
+// transactions as already acknowledged: only on the same cluster and timeline (after a failover the
+// positions past the fork are other transactions), and only ahead of the slot. Zero: skip nothing.
+func (a ackedPosition) skipBelow(srv replication.Server, start checkpoint.LSN) checkpoint.LSN {
+	if a.lsn <= start || a.system == "" || a.system != srv.SystemID || a.database != srv.Database || a.timeline != srv.Timeline {
+		return 0
+	}
+	return a.lsn
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -403,6 +424,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}()
 	go p.watchKafka(streamCtx, tracker, cancel)
 	base := handler{router: rt, tracker: tracker}
+	if below := c.acked.skipBelow(srv, res.Slot.ConfirmedFlush); eos == nil && below != 0 {
+		base.skip = &skipper{below: below, rows: &p.skippedRows}
+	}
 	switch {
 	case eos != nil:
 		eos.handler = base
@@ -467,6 +491,22 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// Everything handed to Kafka before the stop is delivered and confirmed: a restart resumes
 		// exactly where this session stopped.
 		p.drain(rt, tracker)
+	} else if rt.Err() == nil {
+		// A failure on PostgreSQL's side: Kafka still takes what is in flight. Waiting a moment for it
+		// lets the next session skip those transactions rather than send them again.
+		fctx, fcancel := context.WithTimeout(context.Background(), inFlightWait)
+		_ = rt.Flush(fctx)
+		fcancel()
+	}
+	if eos == nil {
+		// Up to the watermark, past the last verified position (the final confirm went that far): the
+		// transactions between were acknowledged, and the next session replays them only if its set-up
+		// finds the outbox unchanged since the last verification (setup: Continues), in which case the
+		// walsender sends them again with the same rows.
+		c.acked = ackedPosition{lsn: tracker.Watermark(), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline}
+		if base.skip != nil && base.skip.txs > 0 {
+			p.log.Info("skipped transactions Kafka had acknowledged before the last failure (not sent again)", "transactions", base.skip.txs, "rows", base.skip.n)
+		}
 	}
 	if graceful {
 		// Two more verifications, a moment apart, so that the final confirm covers what was just
@@ -629,6 +669,10 @@ func (p *Pipeline) connect(ctx context.Context, cat *replication.Catalog) (*pgco
 
 // finishTimeout bounds the clean end of the replication stream at a graceful stop.
 const finishTimeout = 5 * time.Second
+
+// inFlightWait bounds the wait for Kafka's acknowledgements of what is in flight when a session ends
+// on a PostgreSQL failure (at-least-once): what is acknowledged by then is not sent again.
+const inFlightWait = 3 * time.Second
 
 // verifyInterval is how often the outbox's publication is verified while streaming: confirms are
 // held at the last verified position, so this bounds how far they trail the watermark.
@@ -953,10 +997,39 @@ func (h *quietHandler) Flush(context.Context) error {
 type handler struct {
 	router  *router.Router
 	tracker *checkpoint.Tracker
+	// skip (at-least-once), when not nil, skips the transactions an earlier session of this process
+	// saw acknowledged by Kafka.
+	skip *skipper
+}
+
+// skipper skips whole transactions committed below a position, counting them.
+type skipper struct {
+	below checkpoint.LSN
+	rows  *atomic.Int64 // rows skipped, over the pipeline's life
+	last  *checkpoint.Tx
+	txs   int   // transactions skipped in this session
+	n     int64 // rows skipped in this session
+}
+
+// skips reports whether tx is to be skipped, and counts it.
+func (s *skipper) skips(tx *checkpoint.Tx) bool {
+	if s == nil || tx.CommitLSN() == 0 || !checkpoint.AlreadyDelivered(tx.CommitLSN(), s.below) {
+		return false
+	}
+	s.rows.Add(1)
+	s.n++
+	if s.last != tx {
+		s.last = tx
+		s.txs++
+	}
+	return true
 }
 
 // Deliver implements replication.Handler.
 func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+	if h.skip.skips(tx) {
+		return nil
+	}
 	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String(), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
 	if err != nil {
 		return err

@@ -587,3 +587,52 @@ func testBrokerRejectionDeadLettersOnlyTheRecordAtFault(t *testing.T, mode deliv
 	}
 	t.Logf("dead-letter reason: %s; sessions rebuilt: %d", testenv.Header(dlq[0], outbox.HeaderDLQReason), run.p.Health().Restarts)
 }
+
+// TestReplayAfterConnectionLossSkipsAcknowledged: at-least-once, a process that survives a failure on
+// PostgreSQL's side (its walsender terminated) knows which transactions Kafka acknowledged: the replay
+// from the slot, which stands up to a status interval behind, skips them whole instead of sending
+// them again. What may come twice is at most the transaction cut in the middle (its rows went out
+// before its commit arrived) at each fault.
+func TestReplayAfterConnectionLossSkipsAcknowledged(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Kafka.Delivery = config.DeliveryAtLeastOnce
+	cfg.Postgres.StatusInterval = 10 * time.Second // the slot trails by up to 10 s of transactions
+	cfg.Postgres.ReceiveTimeout = 30 * time.Second
+	run := startPipeline(t, cfg)
+	const perTx = 3
+	writer := testenv.StartWriter(t, f, testenv.NewGenerator(10, "Reserved"), perTx, 5*time.Millisecond, true)
+	admin, err := pgx.Connect(context.Background(), f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	const faults = 2
+	for i := 0; i < faults; i++ {
+		time.Sleep(3 * time.Second)
+		var terminated bool
+		testenv.WaitFor(t, time.Minute, "pipeline streaming, and its walsender terminated", func() bool {
+			if run.p.State() != StateStreaming {
+				return false
+			}
+			err := admin.QueryRow(context.Background(),
+				"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", f.Slot).Scan(&terminated)
+			return err == nil && terminated
+		})
+	}
+	time.Sleep(2 * time.Second)
+	want, err := writer.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Reserved"), len(want), 2*time.Minute)
+	dups := testenv.VerifyDelivery(t, f, want, got)
+	s := run.p.Health()
+	t.Logf("%d events across %d connection losses: %d rows skipped as acknowledged, %d duplicates", len(want), faults, s.SkippedRows, dups)
+	if dups > faults*perTx {
+		t.Errorf("%d duplicates after %d connection losses: want at most the cut transaction's %d rows per fault", dups, faults, perTx)
+	}
+	if s.SkippedRows == 0 {
+		t.Error("nothing was skipped: the slot was behind what Kafka had acknowledged, so the replay should have skipped it")
+	}
+}
