@@ -671,8 +671,9 @@ func (p *Pipeline) connect(ctx context.Context, cat *replication.Catalog) (*pgco
 const finishTimeout = 5 * time.Second
 
 // inFlightWait bounds the wait for Kafka's acknowledgements of what is in flight when a session ends
-// on a PostgreSQL failure (at-least-once): what is acknowledged by then is not sent again.
-const inFlightWait = 3 * time.Second
+// on a PostgreSQL failure (at-least-once): what is acknowledged by then is not sent again. Usually
+// they are there within milliseconds; the bound keeps a slow broker from delaying the reconnection.
+const inFlightWait = time.Second
 
 // verifyInterval is how often the outbox's publication is verified while streaming: confirms are
 // held at the last verified position, so this bounds how far they trail the watermark.
