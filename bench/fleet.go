@@ -101,7 +101,7 @@ func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain in
 		if _, err := admin.Exec(ctx, sql); err != nil {
 			return row, fmt.Errorf("create %s: %w", tables[i], err)
 		}
-		if _, err := admin.Exec(ctx, "ALTER TABLE "+tables[i]+" OWNER TO "+pgx.Identifier{routerUser(routerURL)}.Sanitize()); err != nil {
+		if _, err := admin.Exec(ctx, "ALTER TABLE "+quoted(tables[i])+" OWNER TO "+pgx.Identifier{routerUser(routerURL)}.Sanitize()); err != nil {
 			return row, err
 		}
 		fmt.Fprintf(&entries, "  - {name: s%d, postgres: {url: %q, table: %s, slot: slot_%s, publication: pub_%s}, routing: {topic: \"bench.fleet.%s.{event_type}\"}}\n",
@@ -119,8 +119,8 @@ func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain in
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
-			_, _ = admin.Exec(cctx, "DROP PUBLICATION IF EXISTS pub_"+name)
-			_, _ = admin.Exec(cctx, "DROP TABLE IF EXISTS "+tables[i])
+			_, _ = admin.Exec(cctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{"pub_" + name}.Sanitize())
+			_, _ = admin.Exec(cctx, "DROP TABLE IF EXISTS "+quoted(tables[i]))
 		}
 	}()
 	if drain > 0 {
@@ -217,7 +217,7 @@ func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain in
 		tbl := tables[i%n]
 		batch := &pgx.Batch{}
 		for _, r := range records {
-			batch.Queue("INSERT INTO "+tbl+" (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload) VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)", r[1:6]...)
+			batch.Queue("INSERT INTO "+quoted(tbl)+" (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload) VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)", r[1:6]...)
 		}
 		if err := writer.SendBatch(ctx, batch).Close(); err != nil {
 			return row, fmt.Errorf("load: %w", err)
@@ -267,18 +267,10 @@ func get(addr, path string) (int, string) {
 }
 
 // currentRSS reads VmRSS (the resident set now) of a process, in kB.
-func currentRSS(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			if f := strings.Fields(line); len(f) >= 2 {
-				v, _ := strconv.ParseInt(f[1], 10, 64)
-				return v
-			}
-		}
-	}
-	return 0
+func currentRSS(pid int) int64 { return procStatusKB(pid, "VmRSS:") }
+
+// quoted is a schema.table name as a quoted identifier.
+func quoted(table string) string {
+	schema, name, _ := strings.Cut(table, ".")
+	return pgx.Identifier{schema, name}.Sanitize()
 }

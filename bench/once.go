@@ -415,13 +415,16 @@ func (b *bench) kafkaCeiling(ctx context.Context) (time.Duration, error) {
 }
 
 // peakRSS reads VmHWM (the peak resident set) of a process, in kB.
-func peakRSS(pid int) int64 {
+func peakRSS(pid int) int64 { return procStatusKB(pid, "VmHWM:") }
+
+// procStatusKB reads a kB figure (VmHWM:, VmRSS:, ...) of /proc/PID/status; 0 when unknown.
+func procStatusKB(pid int, field string) int64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
+		if strings.HasPrefix(line, field) {
 			if f := strings.Fields(line); len(f) >= 2 {
 				v, _ := strconv.ParseInt(f[1], 10, 64)
 				return v

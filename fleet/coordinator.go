@@ -203,6 +203,9 @@ func (c *Coordinator) Run(ctx context.Context, names []string, ev Events) error 
 		if ctx.Err() != nil {
 			return nil
 		}
+		if denied(err) {
+			return c.deniedError(err)
+		}
 		c.Log.Warn("fleet: cannot set up the coordination topic; no source starts until it is there (needs the right to create it, or create it with one partition per source)",
 			"topic", c.Topic, "error", err.Error(), "retry_in", wait.String())
 		select {
@@ -285,11 +288,16 @@ func (c *Coordinator) Run(ctx context.Context, names []string, ev Events) error 
 	c.Log.Info("fleet: joining the group that shares the sources", "group", c.Group, "instance", c.Instance, "topic", c.Topic, "sources", len(sorted))
 	var lastErr string
 	var lastAt time.Time
-	for ctx.Err() == nil {
+	var fatal error
+	for ctx.Err() == nil && fatal == nil {
 		// The records are read by the control client: polling keeps the member going and reports
 		// errors (the same one at most once a minute).
 		fetches := cl.PollFetches(ctx)
 		fetches.EachError(func(topic string, p int32, err error) {
+			if denied(err) {
+				fatal = c.deniedError(err) // waiting cannot grant it
+				return
+			}
 			if errors.Is(err, context.Canceled) || (err.Error() == lastErr && time.Since(lastAt) < time.Minute) {
 				return
 			}
@@ -303,7 +311,19 @@ func (c *Coordinator) Run(ctx context.Context, names []string, ev Events) error 
 			}
 		}
 	}
-	return nil
+	return fatal
+}
+
+// denied reports an authorization error of Kafka: no retry grants the right.
+func denied(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// deniedError says what the instances need to share the sources, or how to do without.
+func (c *Coordinator) deniedError(err error) error {
+	return fmt.Errorf("fleet coordination: Kafka refuses this instance's principal the topic %s or the group %s (%w): grant it create, read and write on the topic and read on the group, or set fleet.coordination: none (every instance then streams every source it can take)",
+		c.Topic, c.Group, err)
 }
 
 // ensureTopic creates the coordination topic with one partition per source, or adds partitions

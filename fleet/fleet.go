@@ -15,12 +15,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
-// Retry bounds of a source whose pipeline stopped on a permanent error: it is started again after
-// FailedRetryMin, doubling up to FailedRetryMax, as a crash-looping pod would be, but without stopping
+// Retry bounds of a source whose pipeline stopped on an error that heals without touching the stream
+// (heals: the database missing or refusing the role): it is started again after FailedRetryMin,
+// doubling up to FailedRetryMax, as a crash-looping pod would be, but without stopping
 // the other sources.
 const (
 	FailedRetryMin = 15 * time.Second
@@ -71,9 +74,8 @@ type running struct {
 	lastStart time.Time
 	cancel    context.CancelFunc // nil while the source is not started
 	done      chan struct{}
-	since     time.Time // when it was started on this instance
-	assigned  bool      // the coordination gave it to this instance (always, without one)
-	pause     Pause     // the operator's pause state (fleet-wide)
+	assigned  bool  // the coordination gave it to this instance (always, without one)
+	pause     Pause // the operator's pause state (fleet-wide)
 	// change serializes starts and stops of this source (a stop waits for the pipeline).
 	change sync.Mutex
 }
@@ -199,7 +201,7 @@ func (f *Fleet) start(ctx context.Context, r *running) {
 		return
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	r.p, r.failed, r.cancel, r.done, r.since = p, nil, cancel, make(chan struct{}), time.Now()
+	r.p, r.failed, r.cancel, r.done = p, nil, cancel, make(chan struct{})
 	done := r.done
 	go func() {
 		defer close(done)
@@ -255,6 +257,17 @@ func (r *running) run(ctx context.Context) {
 		if err == nil {
 			err = errors.New("the pipeline stopped without an error")
 		}
+		if !heals(err) {
+			// A row, the outbox or the slot needs the operator: starting again would replay up to the
+			// same stop, again and again. Held until the process is restarted.
+			r.mu.Lock()
+			r.failed, r.retryAt = err, time.Time{}
+			r.mu.Unlock()
+			r.log.Error("source stopped: retrying cannot fix this; the other sources go on, and this one is held until it is fixed and the process restarted",
+				"error", err.Error())
+			<-ctx.Done()
+			return
+		}
 		r.mu.Lock()
 		if time.Since(r.lastStart) > 2*FailedRetryMax {
 			r.failures = 0 // it ran a good while: a new failure, not the same one again
@@ -298,7 +311,11 @@ func (r *running) health() pipeline.Health {
 	}
 	if failed != nil {
 		h.Ready, h.StandbyReady = false, false
-		h.NotReady = r.scrub(fmt.Sprintf("failed: %v (started again in %s)", failed, max(time.Until(retryAt), 0).Round(time.Second)))
+		again := "held: fix it, then restart the process"
+		if !retryAt.IsZero() {
+			again = "started again in " + max(time.Until(retryAt), 0).Round(time.Second).String()
+		}
+		h.NotReady = r.scrub(fmt.Sprintf("failed: %v (%s)", failed, again))
 	}
 	return h
 }
@@ -308,4 +325,18 @@ func orUnknown(s string) string {
 		return "an operator"
 	}
 	return s
+}
+
+// heals reports a permanent error of a source that may go away without the operator touching the
+// stream — the database missing, or refusing the role (created or granted later) — and that nothing
+// was replayed for: such a source is started again after a wait. Every other one is held.
+func heals(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28000", "28P01", "3D000": // no access, wrong password, no such database
+			return true
+		}
+	}
+	return false
 }

@@ -46,9 +46,6 @@ func readyz(t *testing.T, h http.Handler, source string) (int, string) {
 // stay ready, the one down is not ready and says why, and once its database is back it delivers
 // what was written before it went down and after it came back, nothing lost.
 func TestOneSourceDownOthersStream(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
 	const n = 3
 	types := []string{"Created", "Paid"}
 	var (

@@ -265,11 +265,15 @@ func FromDebezium(props map[string]string) Conversion {
 	if n, ok := get("topic.creation.default.partitions"); ok {
 		if v, err := strconv.Atoi(n); err == nil && v > 0 {
 			kafka["topic_partitions"] = v
+		} else if n != "-1" { // -1: the broker's default, which outbox-cdc takes too
+			note("topic.creation.default.partitions %q is not a partition count; kafka.topic_partitions keeps its default", n)
 		}
 	}
 	if n, ok := get("topic.creation.default.replication.factor"); ok {
 		if v, err := strconv.Atoi(n); err == nil && v > 0 {
 			kafka["topic_replication_factor"] = v
+		} else if n != "-1" {
+			note("topic.creation.default.replication.factor %q is not a replication factor; kafka.topic_replication_factor keeps its default (-1, the broker's)", n)
 		}
 	}
 	if len(d) > 0 {

@@ -202,7 +202,7 @@ func NewDatabaseFixture(t testing.TB) *Fixture {
 		t.Fatal(err)
 	}
 	owner := pgx.Identifier{ru.User.Username()}.Sanitize()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" OWNER "+owner); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" OWNER "+owner); err != nil {
 		t.Fatalf("create database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
@@ -214,7 +214,7 @@ func NewDatabaseFixture(t testing.TB) *Fixture {
 			return
 		}
 		defer func() { _ = admin.Close(ctx) }()
-		_, _ = admin.Exec(ctx, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS true")
+		_, _ = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS true")
 		_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
 		for i := 0; i < 50; i++ {
 			if _, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name); err == nil {
@@ -222,7 +222,7 @@ func NewDatabaseFixture(t testing.TB) *Fixture {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 			t.Errorf("clean up: drop database %s: %v", name, err)
 		}
 	})
@@ -256,6 +256,24 @@ func (f *Fixture) BlockDatabase(t testing.TB) (unblock func()) {
 	if f.Database == "" {
 		t.Fatal("BlockDatabase needs a fixture of NewDatabaseFixture")
 	}
+	name := pgx.Identifier{f.Database}.Sanitize()
+	f.adminExec(t, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS false")
+	f.adminExec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, f.Database)
+	return func() {
+		f.adminExec(t, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS true")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		db, err := pgx.Connect(ctx, f.PostgresURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.DB = db // the old connection was ended
+	}
+}
+
+// adminExec runs one statement as the superuser on the cluster's postgres database.
+func (f *Fixture) adminExec(t testing.TB, sql string, args ...any) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, withDatabase(t, f.AdminURL, "postgres"))
@@ -263,28 +281,8 @@ func (f *Fixture) BlockDatabase(t testing.TB) (unblock func()) {
 		t.Fatal(err)
 	}
 	defer func() { _ = admin.Close(ctx) }()
-	if _, err := admin.Exec(ctx, "ALTER DATABASE "+f.Database+" ALLOW_CONNECTIONS false"); err != nil {
+	if _, err := admin.Exec(ctx, sql, args...); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, f.Database); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, withDatabase(t, f.AdminURL, "postgres"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = admin.Close(ctx) }()
-		if _, err := admin.Exec(ctx, "ALTER DATABASE "+f.Database+" ALLOW_CONNECTIONS true"); err != nil {
-			t.Fatal(err)
-		}
-		db, err := pgx.Connect(ctx, f.PostgresURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.DB = db // the old connection was ended
 	}
 }
 

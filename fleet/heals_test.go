@@ -1,0 +1,30 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestHeals: only a missing database or a refused role is started again after a wait; a row, the
+// outbox, the slot or Kafka's configuration holds the source (starting it again would replay up to
+// the same stop).
+func TestHeals(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("connect: %w", &pgconn.PgError{Code: "3D000"}), true},
+		{fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), true},
+		{fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true},
+		{fmt.Errorf("stream: %w", &pgconn.PgError{Code: "55000"}), false},
+		{errors.New("the outbox table changed under the stream"), false},
+	}
+	for _, tt := range tests {
+		if got := heals(tt.err); got != tt.want {
+			t.Errorf("heals(%v) = %t, want %t", tt.err, got, tt.want)
+		}
+	}
+}
