@@ -318,7 +318,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		return err
 	}
 	// Kafka first: a session that cannot deliver would only hold the slot and replay.
-	rt, err := p.newRouter(ctx)
+	rt, err := p.newRouter(ctx, func(o *router.Options) { o.DeferNewTopics = true })
 	if err != nil {
 		return err
 	}
@@ -836,12 +836,16 @@ func (p *Pipeline) identify(ctx context.Context) error {
 	return nil
 }
 
-// newRouter creates the router every delivery path uses (run and resync) and checks that Kafka answers.
-func (p *Pipeline) newRouter(ctx context.Context) (*router.Router, error) {
+// newRouter creates the router every delivery path uses (run and resync), with adjust applied to its
+// options, and checks that Kafka answers.
+func (p *Pipeline) newRouter(ctx context.Context, adjust ...func(*router.Options)) (*router.Router, error) {
 	cfg := p.cfg
 	opts := router.Options{
 		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
 		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer,
+	}
+	for _, f := range adjust {
+		f(&opts)
 	}
 	if cfg.Kafka.ExactlyOnce() && p.slotID != nil {
 		opts.Transactions = &router.Transactions{Slot: *p.slotID, Topic: cfg.Kafka.CheckpointTopic, Timeout: cfg.Kafka.TransactionTimeout}

@@ -43,6 +43,11 @@ type Options struct {
 	IsolateUntil uint64
 	// TopicSetupTimeout bounds the creation and inspection of one topic (default 30 s).
 	TopicSetupTimeout time.Duration
+	// DeferNewTopics lets Prepare return at once for a row whose topic the router has not used yet:
+	// the topic is created or inspected in the background while the stream goes on, and the router
+	// holds that topic's records, in order, until it is ready. Without it Prepare waits for the
+	// topic (resync does, to count its rows per topic as it goes).
+	DeferNewTopics bool
 	// Logger receives the router's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the router runs.
@@ -142,8 +147,17 @@ type Router struct {
 	admin   *kadm.Client
 	log     *slog.Logger
 	limiter *limiter
-	topics  *sync.Map             // topic -> topicInfo, once prepared
-	preps   map[string]*topicPrep // topics being prepared; used by Prepare's goroutine only
+	topics  *sync.Map // topic -> topicInfo, once prepared
+	// prepMu guards preps, waiting and keyHeld (Options.DeferNewTopics).
+	prepMu sync.Mutex
+	preps  map[string]*topicPrep // topics being prepared
+	// waiting are the records that wait for their topic, or behind a waiting record of their key,
+	// in the order they were produced; keyHeld counts them per key, with those being released.
+	waiting []held
+	keyHeld map[string]int
+	// held counts the records in waiting or being released; releaseMu lets one release run at a time.
+	held      atomic.Int64
+	releaseMu sync.Mutex
 	// lastAlone is true when the previous record was produced alone: the next one waits until it
 	// is acknowledged, since two clients do not keep order between them. Prepare's goroutine only.
 	lastAlone bool
@@ -250,6 +264,7 @@ func New(opts Options) (*Router, error) {
 		limiter:  newLimiter(opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes),
 		topics:   topics,
 		preps:    make(map[string]*topicPrep),
+		keyHeld:  make(map[string]int),
 		closeCtx: closeCtx,
 		closeFn:  closeFn,
 		failed:   make(chan struct{}),
@@ -330,6 +345,10 @@ type Prepared struct {
 	dlqClass  string
 	typ       string // the event type, for the metrics' labels
 	span      trace.Span
+	row       Row // kept only while the topic is prepared (prep)
+	// prep is set when the record's topic was not ready at Prepare (Options.DeferNewTopics): the
+	// checks that need the topic, the timestamp and the span wait until it is.
+	prep *topicPrep
 }
 
 // Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
@@ -341,26 +360,30 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		return nil, err
 	}
 	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
+	alone := r.opts.IsolateUntil > 0 && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
 	var info topicInfo
+	var prep *topicPrep
 	if problem == nil {
-		var err error
-		if info, err = r.prepareTopic(ctx, rec.Topic); err != nil {
-			return nil, err
+		ready := false
+		if info, ready = r.readyTopic(rec.Topic); !ready {
+			if r.opts.DeferNewTopics && !alone {
+				prep = r.startPrep(rec.Topic)
+			} else {
+				var err error
+				if info, err = r.prepareTopic(ctx, rec.Topic); err != nil {
+					return nil, err
+				}
+			}
 		}
-		switch {
-		case info.refused != "":
-			problem, class = &undeliverable{reason: info.refused}, "unroutable"
-		case placed(rec) && info.partitions > 0 && rec.Partition >= info.partitions:
-			problem = &undeliverable{reason: fmt.Sprintf("the row names partition %d (kafka.debezium.additional_placement) but topic %s has %d partitions", rec.Partition, rec.Topic, info.partitions)}
-			class = "unroutable"
-		case size > int(info.limit):
-			problem = &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}
-			class = "too_large"
+		if prep == nil {
+			problem, class = topicProblem(rec, size, info)
 		}
 	}
 	var span trace.Span
 	if problem == nil {
-		r.stamp(rec, row, src, info)
+		if prep == nil {
+			r.stamp(rec, row, src, info)
+		}
 		if r.opts.Tracer != nil {
 			span = r.startSpan(rec, src)
 			size = recordSize(rec)
@@ -368,9 +391,13 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	}
 	// The real size counts against the byte cap, however large: a record over the cap waits until
 	// nothing else is in flight and then goes alone.
-	p := &Prepared{rec: rec, src: src, size: int64(size), span: span}
+	p := &Prepared{rec: rec, src: src, size: int64(size), span: span, prep: prep}
 	if t, ok := row.Value(r.opts.Columns.EventType); ok && r.opts.Columns.EventType != "" {
 		p.typ = string(t)
+	}
+	if prep != nil {
+		// The row is kept for the timestamp, which needs the topic's bounds.
+		p.row = row
 	}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
@@ -380,7 +407,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		}
 		p.dlqReason, p.dlqClass = problem.Error(), class
 	}
-	p.alone = r.opts.IsolateUntil > 0 && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
+	p.alone = alone
 	var err error
 	if p.alone || r.lastAlone {
 		err = r.limiter.AcquireAlone(ctx, p.size)
@@ -393,6 +420,27 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	r.lastAlone = p.alone
 	r.trackInFlight()
 	return p, nil
+}
+
+// topicProblem says why rec, of size bytes, can never go to its topic, or nil.
+func topicProblem(rec *kgo.Record, size int, info topicInfo) (problem error, class string) {
+	switch {
+	case info.refused != "":
+		return &undeliverable{reason: info.refused}, "unroutable"
+	case placed(rec) && info.partitions > 0 && rec.Partition >= info.partitions:
+		return &undeliverable{reason: fmt.Sprintf("the row names partition %d (kafka.debezium.additional_placement) but topic %s has %d partitions", rec.Partition, rec.Topic, info.partitions)}, "unroutable"
+	case size > int(info.limit):
+		return &undeliverable{reason: fmt.Sprintf("record of %d bytes (key, value, headers and batch framing) exceeds max.message.bytes of topic %s (%d)", size, rec.Topic, info.limit)}, "too_large"
+	}
+	return nil, ""
+}
+
+// readyTopic returns what the router learned of topic, once it is prepared.
+func (r *Router) readyTopic(topic string) (topicInfo, bool) {
+	if v, ok := r.topics.Load(topic); ok {
+		return v.(topicInfo), true
+	}
+	return topicInfo{}, false
 }
 
 // stamp sets rec's Kafka timestamp (recordTime), or leaves it to the produce time when the topic
@@ -431,6 +479,38 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 		return
 	}
 	r.txnRecords++
+	if r.hold(p, ack) {
+		return
+	}
+	r.produce(p, ack)
+}
+
+// produce hands p to Kafka; its topic is ready.
+func (r *Router) produce(p *Prepared, ack func()) {
+	if p.prep != nil {
+		// Held while its topic was prepared: what needed the topic is done now.
+		prep, row := p.prep, p.row
+		p.prep, p.row = nil, nil
+		if prep.err != nil {
+			// Never acknowledged: the session replays it.
+			r.release(p.size)
+			endSpan(p.span, p.rec, prep.err)
+			r.fail(prep.err)
+			return
+		}
+		if problem, class := topicProblem(p.rec, int(p.size), prep.info); problem != nil {
+			endSpan(p.span, p.rec, problem)
+			p.span = nil
+			if r.opts.DLQTopic == "" {
+				r.release(p.size)
+				r.fail(&UndeliverableError{EventID: eventID(p.rec), Reason: problem.Error()})
+				return
+			}
+			p.dlqReason, p.dlqClass = problem.Error(), class
+		} else {
+			r.stamp(p.rec, row, p.src, prep.info)
+		}
+	}
 	if p.dlqReason != "" {
 		r.produceDLQ(p.rec, p.typ, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
@@ -669,44 +749,155 @@ func (r *Router) trackInFlight() {
 // topicPrep is a topic's preparation under way: it outlives the short waits of Prepare, so that a
 // slow CreateTopics or DescribeConfigs is not restarted on every retry.
 type topicPrep struct {
-	done chan struct{}
-	info topicInfo
-	err  error
+	topic string
+	done  chan struct{} // closed once info and err are set
+	info  topicInfo
+	err   error
+	open  bool // under Router.prepMu: the preparation has not ended
+}
+
+// held is a record waiting for its topic, or behind a waiting record of its key.
+type held struct {
+	p   *Prepared
+	ack func()
+}
+
+// startPrep returns topic's preparation, starting it if none is under way. It runs in the
+// background, within the topic set-up timeout.
+func (r *Router) startPrep(topic string) *topicPrep {
+	r.prepMu.Lock()
+	defer r.prepMu.Unlock()
+	if p, ok := r.preps[topic]; ok {
+		return p
+	}
+	p := &topicPrep{topic: topic, done: make(chan struct{}), open: true}
+	r.preps[topic] = p
+	go r.runPrep(p)
+	return p
+}
+
+// runPrep prepares p's topic and then lets the records waiting for it go.
+func (r *Router) runPrep(p *topicPrep) {
+	pctx, cancel := context.WithTimeout(r.closeCtx, r.opts.TopicSetupTimeout)
+	info, err := r.fetchTopic(pctx, p.topic)
+	cancel()
+	if err != nil {
+		r.log.Warn("topic set-up failed; the session stops and retries", "topic", p.topic, "error", err.Error())
+	} else {
+		info.grew, info.restamped = new(atomic.Bool), new(atomic.Bool)
+		if info.refused != "" {
+			r.log.Warn("topic refused: records routed to it are undeliverable", "topic", p.topic, "reason", info.refused)
+		}
+	}
+	r.prepMu.Lock()
+	p.info, p.err, p.open = info, err, false
+	delete(r.preps, p.topic)
+	if err == nil {
+		r.topics.Store(p.topic, info)
+	}
+	r.prepMu.Unlock()
+	close(p.done)
+	r.releaseHeld()
+}
+
+// hold queues p, and reports true, if it must wait: its topic is still being prepared, or an earlier
+// record of its key waits (per aggregate, records go to Kafka in commit order across topics too).
+// Produce's goroutine only.
+func (r *Router) hold(p *Prepared, ack func()) bool {
+	if p.prep == nil && r.held.Load() == 0 {
+		return false // nothing waits; only this goroutine adds to the queue
+	}
+	r.prepMu.Lock()
+	defer r.prepMu.Unlock()
+	key := string(p.rec.Key)
+	if (p.prep == nil || !p.prep.open) && r.keyHeld[key] == 0 {
+		return false
+	}
+	r.waiting = append(r.waiting, held{p: p, ack: ack})
+	r.keyHeld[key]++
+	r.held.Add(1)
+	return true
+}
+
+// releaseHeld produces, in order, the waiting records whose topic is ready and before which no
+// record of their key waits, until none is left that may go. One release runs at a time, so a
+// key's records leave in the order they came.
+func (r *Router) releaseHeld() {
+	r.releaseMu.Lock()
+	defer r.releaseMu.Unlock()
+	for {
+		r.prepMu.Lock()
+		var out []held
+		blocked := map[string]bool{}
+		rest := r.waiting[:0]
+		for _, h := range r.waiting {
+			key := string(h.p.rec.Key)
+			if blocked[key] || (h.p.prep != nil && h.p.prep.open) {
+				blocked[key] = true
+				rest = append(rest, h)
+				continue
+			}
+			out = append(out, h)
+		}
+		clear(r.waiting[len(rest):])
+		r.waiting = rest
+		r.prepMu.Unlock()
+		if len(out) == 0 {
+			return
+		}
+		for _, h := range out {
+			if err := r.Err(); err != nil {
+				// Never acknowledged: the session replays it.
+				r.release(h.p.size)
+				endSpan(h.p.span, h.p.rec, err)
+				continue
+			}
+			r.produce(h.p, h.ack)
+		}
+		// Their keys stay held until they are handed to Kafka: a record of the same key produced
+		// meanwhile waited, and goes in the next round.
+		r.prepMu.Lock()
+		for _, h := range out {
+			key := string(h.p.rec.Key)
+			if r.keyHeld[key]--; r.keyHeld[key] == 0 {
+				delete(r.keyHeld, key)
+			}
+		}
+		r.prepMu.Unlock()
+		r.held.Add(-int64(len(out)))
+	}
+}
+
+// waitHeld waits until every waiting record was handed to Kafka (or dropped by a failure), or ctx
+// ends.
+func (r *Router) waitHeld(ctx context.Context) error {
+	for r.held.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for new topics: %w", ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // prepareTopic makes sure topic exists (creating it if topic creation is on) and learns what it
-// takes, or why it can take nothing. It asks Kafka once per topic and router; while it waits, ctx may
-// end and a later call picks the same work up. A failed preparation is logged and returned as an
-// error that is not ctx's, so that callers waiting for room do not take it for their own deadline.
+// takes, or why it can take nothing, waiting within ctx. It asks Kafka once per topic and router;
+// if ctx ends first, a later call picks the same work up. A failed preparation is logged and
+// returned as an error that is not ctx's, so that callers waiting for room do not take it for their
+// own deadline.
 func (r *Router) prepareTopic(ctx context.Context, topic string) (topicInfo, error) {
-	if v, ok := r.topics.Load(topic); ok {
-		return v.(topicInfo), nil
+	if info, ok := r.readyTopic(topic); ok {
+		return info, nil
 	}
-	p, ok := r.preps[topic]
-	if !ok {
-		p = &topicPrep{done: make(chan struct{})}
-		r.preps[topic] = p
-		go func() {
-			pctx, cancel := context.WithTimeout(r.closeCtx, r.opts.TopicSetupTimeout)
-			defer cancel()
-			p.info, p.err = r.fetchTopic(pctx, topic)
-			close(p.done)
-		}()
-	}
+	p := r.startPrep(topic)
 	select {
 	case <-p.done:
 	case <-ctx.Done():
 		return topicInfo{}, ctx.Err()
 	}
-	delete(r.preps, topic)
 	if p.err != nil {
-		r.log.Warn("topic set-up failed; the session stops and retries", "topic", topic, "error", p.err.Error())
 		return topicInfo{}, p.err
-	}
-	p.info.grew, p.info.restamped = new(atomic.Bool), new(atomic.Bool)
-	r.topics.Store(topic, p.info)
-	if p.info.refused != "" {
-		r.log.Warn("topic refused: records routed to it are undeliverable", "topic", topic, "reason", p.info.refused)
 	}
 	return p.info, nil
 }
@@ -760,6 +951,9 @@ func (r *Router) topicServed(ctx context.Context, topic string) bool {
 	return served == len(d.Partitions)
 }
 
+// existingTopicWait bounds the wait for the leaders of a topic that already existed.
+const existingTopicWait = 5 * time.Second
+
 // errTopicSetupTimeout replaces a context deadline in topic set-up errors.
 var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout")
 
@@ -808,6 +1002,12 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 			return info, wrap("look up", d.Err)
 		default:
 			info.partitions = int32(len(d.Partitions))
+			// A topic that someone else created a moment ago may not be served by its leaders
+			// yet; a produce would then wait franz-go's metadata minimum age (5 s). Asking costs
+			// one round trip; a topic whose partition stays leaderless is left to the producer.
+			wctx, cancel := context.WithTimeout(ctx, existingTopicWait)
+			r.waitTopicLeaders(wctx, topic)
+			cancel()
 		}
 	}
 	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
@@ -883,6 +1083,9 @@ func (r *Router) Kick() {
 
 // Flush waits until every buffered record is acknowledged (or failed) or ctx ends.
 func (r *Router) Flush(ctx context.Context) error {
+	if err := r.waitHeld(ctx); err != nil {
+		return err
+	}
 	if r.alone != nil {
 		if err := r.alone.Flush(ctx); err != nil {
 			return fmt.Errorf("flush kafka producer: %w", err)

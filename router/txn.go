@@ -237,7 +237,11 @@ func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
 		rec := &kgo.Record{Topic: r.opts.Transactions.Topic, Key: []byte(cp.Slot.String()), Value: cp.Marshal()}
 		r.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { cpErr = err })
 	}
-	err := r.client.Flush(ctx)
+	// Records held for new topics go first, into this transaction.
+	err := r.waitHeld(ctx)
+	if err == nil {
+		err = r.client.Flush(ctx)
+	}
 	if err == nil {
 		err = cpErr
 	}

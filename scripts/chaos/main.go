@@ -119,6 +119,12 @@ func env() (map[string]string, error) {
 	return out, nil
 }
 
+// faultAt is one injected fault: its kind and when it began.
+type faultAt struct {
+	kind string
+	at   time.Time
+}
+
 // suite is one chaos run's state.
 type suite struct {
 	o                     options
@@ -131,6 +137,8 @@ type suite struct {
 	mu                    sync.Mutex
 	committed             [][]testenv.Event // per writer, in commit order
 	txids                 [][]string        // per writer, each committed event's transaction id
+	commitAt              [][]time.Time     // per writer, when each committed event's commit returned
+	faultLog              []faultAt         // every fault injected, in order
 	kinds                 []string          // the run's fault kinds
 	clusters              *clusters         // the failover run's servers
 	primary, standby      *testenv.Cluster
@@ -184,7 +192,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	start := time.Now()
 	wctx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
-	s.committed, s.txids = make([][]testenv.Event, 2), make([][]string, 2)
+	s.committed, s.txids, s.commitAt = make([][]testenv.Event, 2), make([][]string, 2), make([][]time.Time, 2)
 	for w := 0; w < 2; w++ {
 		writers.Add(1)
 		go func() {
@@ -254,6 +262,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	fmt.Printf("chaos: delivery=%s events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=%s recovery_median=%s recovery_max=%s unrecovered=%d duration=%s\n",
 		o.delivery, rep.Events, rep.Missing, rep.OrderViolations, rep.Wrong, rep.Duplicates, strings.Join(counts, ","),
 		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), len(s.unrecovered), time.Since(start).Round(time.Second))
+	fmt.Println("  " + s.duplicatesByFault(got))
 	for i, p := range rep.Problems {
 		if i == 20 {
 			fmt.Printf("  ... %d more\n", len(rep.Problems)-20)
@@ -279,6 +288,49 @@ func run(ctx context.Context, o options) (bool, error) {
 		fmt.Println("  router log: " + s.logPath)
 	}
 	return ok, nil
+}
+
+// duplicatesByFault says how many duplicate records each kind of fault caused, and how many per
+// fault of that kind. A duplicate is put down to the first fault injected after its event was
+// committed: the event was sent before that fault, and the replay after it sent it again. An event
+// sent twice with no fault after its commit counts as "none" (a needless duplicate).
+func (s *suite) duplicatesByFault(got []*kgo.Record) string {
+	copies := map[string]int{}
+	for _, r := range got {
+		copies[testenv.EventID(r)]++
+	}
+	byKind := map[string]int{}
+	for w, evs := range s.committed {
+		for i, e := range evs {
+			n := copies[e.ID]
+			if n < 2 {
+				continue
+			}
+			at := s.commitAt[w][i]
+			j, _ := slices.BinarySearchFunc(s.faultLog, at, func(f faultAt, t time.Time) int { return f.at.Compare(t) })
+			kind := "none"
+			if j < len(s.faultLog) {
+				kind = s.faultLog[j].kind
+			}
+			byKind[kind] += n - 1
+		}
+	}
+	injected := map[string]int{}
+	for _, f := range s.faultLog {
+		injected[f.kind]++
+	}
+	var parts []string
+	for _, k := range append(slices.Clone(s.kinds), "none") {
+		if k == "none" && byKind[k] == 0 {
+			continue
+		}
+		part := fmt.Sprintf("%s:%d", k, byKind[k])
+		if n := injected[k]; n > 0 {
+			part += fmt.Sprintf(" (%.0f per fault)", float64(byKind[k])/float64(n))
+		}
+		parts = append(parts, part)
+	}
+	return "duplicates by fault: " + strings.Join(parts, ", ")
 }
 
 // done reports whether the run has lasted long enough, written enough and injected every fault the
@@ -317,6 +369,7 @@ func (s *suite) faultBag() []string {
 // inject runs one fault, then waits until the router has confirmed everything committed before the
 // fault ended.
 func (s *suite) inject(ctx context.Context, kind string) error {
+	s.faultLog = append(s.faultLog, faultAt{kind: kind, at: time.Now()})
 	var err error
 	switch kind {
 	case "kill", "term":
@@ -492,10 +545,12 @@ func (s *suite) write(ctx context.Context, w int) {
 			committed = s.lookup(txid)
 		}
 		if committed {
+			now := time.Now()
 			s.mu.Lock()
 			s.committed[w] = append(s.committed[w], evs...)
 			for range evs {
 				s.txids[w] = append(s.txids[w], txid)
+				s.commitAt[w] = append(s.commitAt[w], now)
 			}
 			s.mu.Unlock()
 		}
