@@ -161,7 +161,7 @@ sources:
 	wctx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
 	for _, s := range sources {
-		s.committed, s.txids = make([][]testenv.Event, 2), make([][]string, 2)
+		s.newLedger()
 		for w := range 2 {
 			writers.Add(1)
 			go func() {

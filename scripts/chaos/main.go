@@ -192,7 +192,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	start := time.Now()
 	wctx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
-	s.committed, s.txids, s.commitAt = make([][]testenv.Event, 2), make([][]string, 2), make([][]time.Time, 2)
+	s.newLedger()
 	for w := 0; w < 2; w++ {
 		writers.Add(1)
 		go func() {
@@ -556,6 +556,11 @@ func (s *suite) write(ctx context.Context, w int) {
 		}
 		time.Sleep(pause)
 	}
+}
+
+// newLedger empties the record of what the two writers committed (events, transaction ids, commit times).
+func (s *suite) newLedger() {
+	s.committed, s.txids, s.commitAt = make([][]testenv.Event, 2), make([][]string, 2), make([][]time.Time, 2)
 }
 
 // commit writes evs in one transaction. known is false when the connection failed at the commit,
