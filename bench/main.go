@@ -56,6 +56,13 @@ func main() {
 	runs := flag.Int("runs", 3, "runs; medians are reported")
 	fleetCounts := flag.String("fleet", "", "instead of the rest: one process with each of these numbers of sources (e.g. 1,10,50): RSS, connections and CPU idle and under -rate events/s, and the drain of -events over 1 and 4 sources")
 	inboxEvents := flag.Int("inbox", 0, "instead of the rest: package inbox's throughput on this many events, beside a bare consumer running the same insert")
+	var sc scaleConfig
+	flag.IntVar(&sc.events, "scale", 0, "instead of the rest (make bench-scale): drain a backlog of this many events, written by PostgreSQL itself, printing throughput and RSS per -scale-step; then the long steady load; then resync (with -with-binary, that build's resync too, alternating)")
+	flag.IntVar(&sc.step, "scale-step", 1000000, "with -scale: events per reported step")
+	flag.IntVar(&sc.rate, "scale-rate", 30000, "with -scale: the long steady load's rate, events/s")
+	flag.IntVar(&sc.minutes, "scale-minutes", 10, "with -scale: the long steady load's length in minutes, p99 per minute (0 skips it)")
+	flag.DurationVar(&sc.dur, "scale-period", time.Minute, "with -scale: one reported period of the steady load")
+	flag.BoolVar(&sc.resync, "scale-resync", true, "with -scale: then time resync --snapshot-only of the whole table")
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect, with defaults and tuned (make bench-compare)")
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
@@ -86,6 +93,17 @@ func main() {
 			err = runFleet(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], counts, c.rate, c.events)
 		}
 		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if sc.events > 0 {
+		if sc.step <= 0 || sc.rate <= 0 || sc.minutes < 0 || sc.dur <= 0 {
+			fmt.Fprintln(os.Stderr, "bench: -scale-step, -scale-rate and -scale-period must be positive, -scale-minutes at least 0")
+			os.Exit(2)
+		}
+		if err := runScale(c, sc); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // SnapshotFilter selects snapshot rows. Zero fields select everything.
@@ -169,17 +170,23 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		return fmt.Errorf("open snapshot cursor: %w", err)
 	}
 	s.open = true
+	// One batch is read ahead while the one before it is published: the cursor's round trips and
+	// PostgreSQL's work on the next rows overlap the router's. At most three batches are held.
+	// When fn fails, the reader ends after its FETCH under way (cancelling it would close the
+	// connection).
+	quit, batches := make(chan struct{}), make(chan fetched, 1)
+	go s.fetch(ctx, quit, batches)
+	defer func() {
+		close(quit)
+		for range batches { // the connection is free again once the reader has ended
+		}
+	}()
 	decoder := NewRowDecoder(cols.Read)
-	for {
-		// The simple protocol returns every value in text form, as the WAL carries them.
-		results, err := s.conn.PgConn().Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotFetchSize, cursorName)).ReadAll()
-		if err != nil {
-			return fmt.Errorf("read snapshot: %w", err)
+	for b := range batches {
+		if b.err != nil {
+			return b.err
 		}
-		r := results[0]
-		if len(r.Rows) == 0 {
-			return nil
-		}
+		r := b.result
 		names := make([]string, len(r.FieldDescriptions))
 		oids := make([]uint32, len(r.FieldDescriptions))
 		for i, fd := range r.FieldDescriptions {
@@ -190,6 +197,41 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 			if err := fn(&row); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// fetched is one FETCH's rows, or the error that ended the reading.
+type fetched struct {
+	result *pgconn.Result
+	err    error
+}
+
+// fetch reads the cursor a batch at a time into out until it is exhausted, fails, quit is closed or
+// ctx ends, and closes out.
+func (s *Snapshot) fetch(ctx context.Context, quit <-chan struct{}, out chan<- fetched) {
+	defer close(out)
+	for {
+		// The simple protocol returns every value in text form, as the WAL carries them.
+		results, err := s.conn.PgConn().Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotFetchSize, cursorName)).ReadAll()
+		if err == nil && len(results) != 1 {
+			err = fmt.Errorf("%d results for one FETCH", len(results))
+		}
+		if err != nil {
+			select {
+			case out <- fetched{err: fmt.Errorf("read snapshot: %w", err)}:
+			case <-quit:
+			}
+			return
+		}
+		if len(results[0].Rows) == 0 {
+			return
+		}
+		select {
+		case out <- fetched{result: results[0]}:
+		case <-quit:
+			return
 		}
 	}
 }
