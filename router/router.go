@@ -231,6 +231,7 @@ func New(opts Options) (*Router, error) {
 		kgo.MaxBufferedRecords(2*opts.Limits.MaxInFlightRecords+16),
 		kgo.ProducerBatchCompression(Compression(opts.Kafka.Compression)),
 		kgo.WithLogger(kgoLogger{opts.Logger}),
+		kgo.MetadataMinAge(producerMetadataMinAge),
 	)
 	if t := opts.Transactions; t != nil {
 		kopts = append(kopts, kgo.TransactionalID(t.Slot.TransactionalID()), kgo.TransactionTimeout(t.Timeout))
@@ -953,6 +954,13 @@ func (r *Router) topicServed(ctx context.Context, topic string) bool {
 
 // existingTopicWait bounds the wait for the leaders of a topic that already existed.
 const existingTopicWait = 5 * time.Second
+
+// producerMetadataMinAge is the least time between two metadata requests of the producer. franz-go's
+// default, 5 s, is what every record of a partition waits after its leader moved (a broker restart,
+// a failover, a new topic that one broker does not know yet when another already serves it), and in
+// exactly-once mode the whole stream waits with it. Java's producer looks again after 100 ms to 1 s;
+// the requests are made only while something is wrong.
+const producerMetadataMinAge = 500 * time.Millisecond
 
 // errTopicSetupTimeout replaces a context deadline in topic set-up errors.
 var errTopicSetupTimeout = errors.New("no answer within the topic set-up timeout")
