@@ -138,6 +138,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	defer func() { _ = snap.Close(context.Background()) }()
+	snap.SetBatchBytes(snapshotBatchBytes(cfg.Limits.MaxInFlightBytes))
 	// The snapshot lives on in snap's transaction: the exporting connection may run another command,
 	// and is then no longer needed.
 	if failover, err := cat.WantFailover(ctx, cfg.Postgres.FailoverSlot); err != nil {
@@ -259,6 +260,13 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	return nil
 }
 
+// snapshotBatchBytes is the size of one snapshot FETCH: an eighth of limits.max_inflight_bytes, so
+// that the three batches a resync holds while it reads ahead stay well within the records it may
+// have in flight.
+func snapshotBatchBytes(maxInFlight int64) int64 {
+	return min(max(maxInFlight/8, 64<<10), replication.DefaultSnapshotBatchBytes)
+}
+
 // dryRun counts, in a repeatable-read snapshot of now, the rows a resync would publish per topic.
 func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult) (ResyncResult, error) {
 	snap, err := replication.OpenSnapshot(ctx, p.cfg.Postgres.URL, "")
@@ -266,6 +274,7 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 		return res, err
 	}
 	defer func() { _ = snap.Close(context.Background()) }()
+	snap.SetBatchBytes(snapshotBatchBytes(p.cfg.Limits.MaxInFlightBytes))
 	reasons := map[string]int64{}
 	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
 		topic, problem := router.Plan(p.rules, p.cfg.Postgres.Columns, p.format(), row, p.cfg.Kafka.MaxMessageBytes)

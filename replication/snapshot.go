@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // SnapshotFilter selects snapshot rows. Zero fields select everything.
@@ -36,6 +35,20 @@ type SnapshotColumns struct {
 type Snapshot struct {
 	conn *pgx.Conn
 	open bool // the cursor is declared
+	// batchBytes is the size of a batch read ahead (see SetBatchBytes).
+	batchBytes int64
+	// peakBatchBytes is the largest batch read so far, for tests.
+	peakBatchBytes int64
+}
+
+// DefaultSnapshotBatchBytes is the size of a batch Each reads ahead unless SetBatchBytes says otherwise.
+const DefaultSnapshotBatchBytes = 8 << 20
+
+// SetBatchBytes sets the size of the batches Each reads ahead: a batch ends with the row that
+// reaches n bytes (or with its 1000th row), so it exceeds n by less than one row. Each holds at most
+// three batches. Values below 64 KiB are raised to it.
+func (s *Snapshot) SetBatchBytes(n int64) {
+	s.batchBytes = max(n, 64<<10)
 }
 
 // exportedSnapshotRE is the form of the snapshot names PostgreSQL exports: it is spliced into SET
@@ -68,7 +81,7 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 			return nil, fmt.Errorf("open the snapshot (%s): %w", st, err)
 		}
 	}
-	return &Snapshot{conn: conn}, nil
+	return &Snapshot{conn: conn, batchBytes: DefaultSnapshotBatchBytes}, nil
 }
 
 // Close ends the snapshot's transaction and closes its connection.
@@ -123,8 +136,11 @@ func (s *Snapshot) Count(ctx context.Context, o Outbox, cols SnapshotColumns, f 
 	return n, nil
 }
 
-// snapshotFetchSize is how many rows one FETCH reads from the snapshot cursor.
-const snapshotFetchSize = 1000
+// snapshotBatchRows is the most rows one batch of Each holds.
+const snapshotBatchRows = 1000
+
+// valueOverhead is what a value costs beyond its bytes once read (its slice header).
+const valueOverhead = 24
 
 // cursorName names the snapshot cursor.
 const cursorName = "outbox_cdc_snapshot"
@@ -170,10 +186,10 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		return fmt.Errorf("open snapshot cursor: %w", err)
 	}
 	s.open = true
-	// One batch is read ahead while the one before it is published: the cursor's round trips and
-	// PostgreSQL's work on the next rows overlap the router's. At most three batches are held.
-	// When fn fails, the reader ends after its FETCH under way (cancelling it would close the
-	// connection).
+	// Rows are read ahead in batches while the ones before are published: PostgreSQL's work on the
+	// next rows overlaps the router's. At most three batches are held (one published, one handed
+	// over, one being read), each bounded by bytes (SetBatchBytes). When fn fails, the reader asks
+	// the server to cancel the query and drops what still arrives; the snapshot is then done.
 	quit, batches := make(chan struct{}), make(chan fetched, 1)
 	go s.fetch(ctx, quit, batches)
 	defer func() {
@@ -186,14 +202,8 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 		if b.err != nil {
 			return b.err
 		}
-		r := b.result
-		names := make([]string, len(r.FieldDescriptions))
-		oids := make([]uint32, len(r.FieldDescriptions))
-		for i, fd := range r.FieldDescriptions {
-			names[i], oids[i] = fd.Name, fd.DataTypeOID // a domain column is described by its base type
-		}
-		for _, values := range r.Rows {
-			row := decoder.Decode(names, oids, values)
+		for _, values := range b.rows {
+			row := decoder.Decode(b.names, b.oids, values)
 			if err := fn(&row); err != nil {
 				return err
 			}
@@ -202,36 +212,84 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 	return nil
 }
 
-// fetched is one FETCH's rows, or the error that ended the reading.
+// fetched is a batch of rows read from the cursor, or the error that ended the reading.
 type fetched struct {
-	result *pgconn.Result
-	err    error
+	names []string
+	oids  []uint32
+	rows  [][][]byte
+	err   error
 }
 
-// fetch reads the cursor a batch at a time into out until it is exhausted, fails, quit is closed or
-// ctx ends, and closes out.
+// fetch streams the cursor's rows into out in batches of at most snapshotBatchRows rows and about
+// the snapshot's batch bytes (a batch ends with the row that reaches them), until the cursor is
+// exhausted, fails, quit is closed or ctx ends; then it closes out. One FETCH ALL reads the whole
+// cursor: PostgreSQL sends rows as fast as they are read here (the socket is the back pressure),
+// with no round trip per batch, and memory holds only the batches handed over.
 func (s *Snapshot) fetch(ctx context.Context, quit <-chan struct{}, out chan<- fetched) {
 	defer close(out)
-	for {
-		// The simple protocol returns every value in text form, as the WAL carries them.
-		results, err := s.conn.PgConn().Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotFetchSize, cursorName)).ReadAll()
-		if err == nil && len(results) != 1 {
-			err = fmt.Errorf("%d results for one FETCH", len(results))
-		}
-		if err != nil {
-			select {
-			case out <- fetched{err: fmt.Errorf("read snapshot: %w", err)}:
-			case <-quit:
-			}
-			return
-		}
-		if len(results[0].Rows) == 0 {
-			return
-		}
+	send := func(b fetched) bool {
 		select {
-		case out <- fetched{result: results[0]}:
+		case out <- b:
+			return true
 		case <-quit:
-			return
+			return false
 		}
+	}
+	pc := s.conn.PgConn()
+	// The simple protocol returns every value in text form, as the WAL carries them.
+	mrr := pc.Exec(ctx, "FETCH ALL FROM "+cursorName)
+	var (
+		stopped bool // quit: the rest is read and dropped, after asking the server to cancel
+		batch   fetched
+		size    int64
+	)
+	for mrr.NextResult() {
+		rr := mrr.ResultReader()
+		fds := rr.FieldDescriptions()
+		batch.names, batch.oids = make([]string, len(fds)), make([]uint32, len(fds))
+		for i, fd := range fds {
+			batch.names[i], batch.oids[i] = fd.Name, fd.DataTypeOID // a domain column is described by its base type
+		}
+		for rr.NextRow() {
+			if stopped {
+				continue
+			}
+			values := rr.Values() // valid until the next row: copied into one buffer per row
+			n := 0
+			for _, v := range values {
+				n += len(v)
+			}
+			buf, row := make([]byte, 0, n), make([][]byte, len(values))
+			for i, v := range values {
+				if v != nil { // nil is NULL
+					start := len(buf)
+					buf = append(buf, v...)
+					row[i] = buf[start:len(buf):len(buf)]
+				}
+			}
+			batch.rows = append(batch.rows, row)
+			size += int64(n + valueOverhead*len(values))
+			if size >= s.batchBytes || len(batch.rows) >= snapshotBatchRows {
+				s.peakBatchBytes = max(s.peakBatchBytes, size)
+				if !send(batch) {
+					stopped = true
+					_ = pc.CancelRequest(context.WithoutCancel(ctx)) // the reading ends with the cancel's error
+				}
+				batch.rows, size = nil, 0
+			}
+		}
+		_, _ = rr.Close() // its error is mrr's too
+	}
+	err := mrr.Close()
+	if stopped {
+		return
+	}
+	if err != nil {
+		send(fetched{err: fmt.Errorf("read snapshot: %w", err)})
+		return
+	}
+	if len(batch.rows) > 0 {
+		s.peakBatchBytes = max(s.peakBatchBytes, size)
+		send(batch)
 	}
 }
