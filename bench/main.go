@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/faultnet"
 )
 
 // config is the benchmark's parameters.
@@ -38,6 +40,9 @@ type config struct {
 	charts                  string // directory for the SVG charts; empty: none
 	altEnv                  string // not empty: also outbox-cdc (at-least-once) with these settings (KEY=VALUE,...)
 	altBinary               string // not empty: that outbox-cdc runs this binary (e.g. one built from an older commit)
+	// routerBrokers are the brokers outbox-cdc itself is given: brokers, or with -kafka-rtt the
+	// delaying proxy in front of the broker's remote listener.
+	routerBrokers string
 }
 
 func main() {
@@ -68,6 +73,7 @@ func main() {
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
 	flag.StringVar(&c.altEnv, "with-env", "", "also run outbox-cdc (at-least-once) with these environment settings, side by side (e.g. OUTBOX_CDC_LINGER=0,OUTBOX_CDC_QUIET_FLUSH=1ms)")
 	flag.StringVar(&c.altBinary, "with-binary", "", "also run this outbox-cdc binary (at-least-once), side by side: a change against the commit before it (go build -o /tmp/old . at that commit); with -with-env, the two together")
+	kafkaRTT := flag.Duration("kafka-rtt", 0, "outbox-cdc reaches Kafka through a proxy that adds this round trip (the broker's remote listener, as across a network; the bench's own clients connect directly)")
 	flag.Parse()
 	var err error
 	if c.rates, err = intList("rates", rates); err == nil {
@@ -87,6 +93,22 @@ func main() {
 	slices.Sort(c.rates)
 	env := devEnv()
 	c.pgURL, c.brokers = env["OUTBOX_CDC_POSTGRES"], env["OUTBOX_CDC_BROKERS"]
+	c.routerBrokers = c.brokers
+	if *kafkaRTT > 0 {
+		listener, advertised := env["OUTBOX_CDC_TEST_REMOTE_LISTENER"], env["OUTBOX_CDC_TEST_REMOTE_BROKERS"]
+		if listener == "" || advertised == "" {
+			fmt.Fprintln(os.Stderr, "bench: -kafka-rtt needs the broker's remote listener: run `make up` again (scripts/services.sh writes OUTBOX_CDC_TEST_REMOTE_* to .dev/env)")
+			os.Exit(2)
+		}
+		proxy, err := faultnet.StartDelayed(advertised, listener, *kafkaRTT/2)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -kafka-rtt:", err)
+			os.Exit(1)
+		}
+		defer proxy.Close()
+		c.routerBrokers = advertised
+		fmt.Printf("bench: outbox-cdc reaches Kafka through a proxy adding %v per round trip (%s to %s)\n", *kafkaRTT, advertised, listener)
+	}
 	if *fleetCounts != "" {
 		counts, err := intList("fleet", *fleetCounts)
 		if err == nil {
@@ -149,7 +171,7 @@ func devEnv() map[string]string {
 			}
 		}
 	}
-	for _, k := range []string{"OUTBOX_CDC_POSTGRES", "OUTBOX_CDC_BROKERS", "OUTBOX_CDC_TEST_ADMIN_POSTGRES"} {
+	for _, k := range []string{"OUTBOX_CDC_POSTGRES", "OUTBOX_CDC_BROKERS", "OUTBOX_CDC_TEST_ADMIN_POSTGRES", "OUTBOX_CDC_TEST_REMOTE_LISTENER", "OUTBOX_CDC_TEST_REMOTE_BROKERS"} {
 		if v := os.Getenv(k); v != "" {
 			out[k] = v
 		}

@@ -230,7 +230,7 @@ func (b *bench) scaleResync(ctx context.Context, t *target, s scaleConfig, binar
 	}
 	defer func() { _, _ = b.admin.DeleteTopics(context.Background(), topic) }()
 	cmd := exec.Command(binary, "resync", "--yes", "--snapshot-only")
-	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+b.c.pgURL, "OUTBOX_CDC_BROKERS="+b.c.brokers,
+	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+b.c.pgURL, "OUTBOX_CDC_BROKERS="+b.c.routerBrokers,
 		"OUTBOX_CDC_TABLE="+t.table, "OUTBOX_CDC_SLOT="+t.slot, "OUTBOX_CDC_PUBLICATION="+t.pub,
 		"OUTBOX_CDC_TOPIC="+topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0")
 	cmd.Stderr = os.Stderr

@@ -373,8 +373,13 @@ type Routing struct {
 
 // Limits bound the router's memory.
 type Limits struct {
-	// MaxInFlightRecords caps records handed to Kafka and not yet acknowledged.
+	// MaxInFlightRecords caps records handed to Kafka and not yet acknowledged: the bound of the
+	// in-flight window, which adapts below it to what the connection to Kafka needs.
 	MaxInFlightRecords int `yaml:"max_inflight_records"`
+	// MinInFlightRecords is the smallest the in-flight window gets. The window is sized from the
+	// acknowledgement throughput and the produce round trip (twice the records that cover one round
+	// trip and the linger); at or above MaxInFlightRecords it is fixed at that cap.
+	MinInFlightRecords int `yaml:"min_inflight_records"`
 	// MaxInFlightBytes caps the bytes of those records.
 	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
 }
@@ -440,7 +445,7 @@ func Default() Config {
 			TransactionTimeout:     time.Minute,
 		},
 		Routing:         Routing{Topic: "{event_type}"},
-		Limits:          Limits{MaxInFlightRecords: 20000, MaxInFlightBytes: 64 << 20},
+		Limits:          Limits{MaxInFlightRecords: 20000, MinInFlightRecords: 2000, MaxInFlightBytes: 64 << 20},
 		Log:             Log{Level: "info", Format: "auto"},
 		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
 		Tracing:         Tracing{ServiceName: "outbox-cdc"},
@@ -707,6 +712,9 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	// Topic names and patterns are Kafka's business: router.NewRules checks them, naming the key.
 	if c.Limits.MaxInFlightRecords < 1 {
 		bad("limits.max_inflight_records", "must be at least 1, got %d", c.Limits.MaxInFlightRecords)
+	}
+	if c.Limits.MinInFlightRecords < 1 {
+		bad("limits.min_inflight_records", "must be at least 1, got %d (at or above limits.max_inflight_records the window is fixed)", c.Limits.MinInFlightRecords)
 	}
 	if c.Limits.MaxInFlightBytes < int64(c.Kafka.MaxMessageBytes) {
 		bad("limits.max_inflight_bytes", "must be at least kafka.max_message_bytes (%d), got %d", c.Kafka.MaxMessageBytes, c.Limits.MaxInFlightBytes)

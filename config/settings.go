@@ -162,6 +162,7 @@ var settings = []setting{
 	{"routing.dlq_topic", "OUTBOX_CDC_DLQ_TOPIC", "dlq-topic", "dead-letter topic for rows that can never be delivered", str(func(c *Config) *string { return &c.Routing.DLQTopic })},
 	{"routing.allowed_topics", "OUTBOX_CDC_ALLOWED_TOPICS", "allowed-topics", "comma-separated glob patterns every routed topic must match (empty: any)", list(func(c *Config) *[]string { return &c.Routing.AllowedTopics })},
 	{"limits.max_inflight_records", "OUTBOX_CDC_MAX_INFLIGHT_RECORDS", "", "", integer(func(c *Config) *int { return &c.Limits.MaxInFlightRecords })},
+	{"limits.min_inflight_records", "OUTBOX_CDC_MIN_INFLIGHT_RECORDS", "", "", integer(func(c *Config) *int { return &c.Limits.MinInFlightRecords })},
 	{"limits.max_inflight_bytes", "OUTBOX_CDC_MAX_INFLIGHT_BYTES", "", "", integer(func(c *Config) *int64 { return &c.Limits.MaxInFlightBytes })},
 	{"log.level", "OUTBOX_CDC_LOG_LEVEL", "log-level", "debug, info, warn or error", str(func(c *Config) *string { return &c.Log.Level })},
 	{"log.format", "OUTBOX_CDC_LOG_FORMAT", "log-format", "auto (text on a terminal, JSON otherwise), text or json", str(func(c *Config) *string { return &c.Log.Format })},

@@ -291,6 +291,7 @@ var (
 	descReconnects   = desc("reconnects_total", "Sessions rebuilt after a failure (replays from the slot).")
 	descErrors       = desc("errors_total", "Failures by class: postgres, kafka, undeliverable.", "class")
 	descInFlightRecs = desc("inflight_records", "Records handed to Kafka and not yet acknowledged.")
+	descInFlightWin  = desc("inflight_window_records", "The in-flight window: how many records may be handed to Kafka and not yet acknowledged now (it adapts between limits.min_inflight_records and limits.max_inflight_records).")
 	descInFlightB    = desc("inflight_bytes", "Bytes of records handed to Kafka and not yet acknowledged.")
 	descConfirmed    = desc("confirmed_lsn", "Last WAL position confirmed to PostgreSQL (as a byte position).")
 	descWALEnd       = desc("server_wal_end_lsn", "Server WAL end from the last keepalive (as a byte position).")
@@ -311,7 +312,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
-		descInFlightRecs, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
+		descInFlightRecs, descInFlightWin, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
 		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped, descPhantomRisk} {
 		ch <- d
 	}
@@ -345,6 +346,7 @@ func collectSource(ch chan<- prometheus.Metric, source string, s pipeline.Health
 	}
 	gauge(descInFlightRecs, float64(s.InFlightRecords))
 	gauge(descInFlightB, float64(s.InFlightBytes))
+	gauge(descInFlightWin, float64(s.InFlightWindow))
 	gauge(descConfirmed, float64(s.ConfirmedLSN))
 	gauge(descWALEnd, float64(s.ServerWALEnd))
 	counter(descTxns, float64(s.TransactionsCommitted), "committed")

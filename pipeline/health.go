@@ -29,6 +29,8 @@ type Health struct {
 	Rows, Transactions, IgnoredUpdates, IgnoredDeletes, IgnoredTruncates, IgnoredOtherTables int64
 	// Router counters.
 	Produced, ProducedBytes, DeadLettered, InFlightRecords, InFlightBytes int64
+	// InFlightWindow is the in-flight window's records cap now (limits.min/max_inflight_records).
+	InFlightWindow int64
 	// ConfirmedLSN is the last position confirmed to the server; ServerWALEnd the server's last WAL end.
 	ConfirmedLSN, ServerWALEnd uint64
 	// LastServerMessage is when the current session last heard from the server; zero without one.
@@ -175,6 +177,7 @@ func (p *Pipeline) Health() Health {
 		DeadLettered:          p.Router.DeadLettered.Load(),
 		InFlightRecords:       p.Router.InFlightRecords.Load(),
 		InFlightBytes:         p.Router.InFlightBytes.Load(),
+		InFlightWindow:        p.Router.InFlightWindow.Load(),
 		ConfirmedLSN:          p.Replication.ConfirmedLSN.Load(),
 		ServerWALEnd:          p.Replication.ServerWALEnd.Load(),
 		TransactionsCommitted: p.Router.TransactionsCommitted.Load(),

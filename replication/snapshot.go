@@ -188,8 +188,8 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 	s.open = true
 	// Rows are read ahead in batches while the ones before are published: PostgreSQL's work on the
 	// next rows overlaps the router's. At most three batches are held (one published, one handed
-	// over, one being read), each bounded by bytes (SetBatchBytes). When fn fails, the reader asks
-	// the server to cancel the query and drops what still arrives; the snapshot is then done.
+	// over, one being read), each bounded by bytes (SetBatchBytes). When fn fails, the reader drops
+	// the rest of the FETCH under way and ends.
 	quit, batches := make(chan struct{}), make(chan fetched, 1)
 	go s.fetch(ctx, quit, batches)
 	defer func() {
@@ -220,11 +220,10 @@ type fetched struct {
 	err   error
 }
 
-// fetch streams the cursor's rows into out in batches of at most snapshotBatchRows rows and about
-// the snapshot's batch bytes (a batch ends with the row that reaches them), until the cursor is
-// exhausted, fails, quit is closed or ctx ends; then it closes out. One FETCH ALL reads the whole
-// cursor: PostgreSQL sends rows as fast as they are read here (the socket is the back pressure),
-// with no round trip per batch, and memory holds only the batches handed over.
+// fetch reads the cursor into out in batches of at most snapshotBatchRows rows and about the
+// snapshot's batch bytes (a batch ends with the row that reaches them), until the cursor is
+// exhausted, fails, quit is closed or ctx ends; then it closes out. Each FETCH's rows are read one
+// at a time, so memory holds only the batches handed over, whatever a FETCH returns.
 func (s *Snapshot) fetch(ctx context.Context, quit <-chan struct{}, out chan<- fetched) {
 	defer close(out)
 	send := func(b fetched) bool {
@@ -236,60 +235,64 @@ func (s *Snapshot) fetch(ctx context.Context, quit <-chan struct{}, out chan<- f
 		}
 	}
 	pc := s.conn.PgConn()
-	// The simple protocol returns every value in text form, as the WAL carries them.
-	mrr := pc.Exec(ctx, "FETCH ALL FROM "+cursorName)
 	var (
-		stopped bool // quit: the rest is read and dropped, after asking the server to cancel
-		batch   fetched
-		size    int64
+		batch fetched
+		size  int64
 	)
-	for mrr.NextResult() {
-		rr := mrr.ResultReader()
-		fds := rr.FieldDescriptions()
-		batch.names, batch.oids = make([]string, len(fds)), make([]uint32, len(fds))
-		for i, fd := range fds {
-			batch.names[i], batch.oids[i] = fd.Name, fd.DataTypeOID // a domain column is described by its base type
-		}
-		for rr.NextRow() {
-			if stopped {
-				continue
-			}
-			values := rr.Values() // valid until the next row: copied into one buffer per row
-			n := 0
-			for _, v := range values {
-				n += len(v)
-			}
-			buf, row := make([]byte, 0, n), make([][]byte, len(values))
-			for i, v := range values {
-				if v != nil { // nil is NULL
-					start := len(buf)
-					buf = append(buf, v...)
-					row[i] = buf[start:len(buf):len(buf)]
+	for {
+		// The simple protocol returns every value in text form, as the WAL carries them. The rows of
+		// one FETCH are read one at a time: those not read yet wait in the socket, not here.
+		mrr := pc.Exec(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", snapshotBatchRows, cursorName))
+		stopped, rows := false, 0 // stopped: quit; the rest of this FETCH is read and dropped
+		for mrr.NextResult() {
+			rr := mrr.ResultReader()
+			if batch.names == nil {
+				fds := rr.FieldDescriptions()
+				batch.names, batch.oids = make([]string, len(fds)), make([]uint32, len(fds))
+				for i, fd := range fds {
+					batch.names[i], batch.oids[i] = fd.Name, fd.DataTypeOID // a domain column is described by its base type
 				}
 			}
-			batch.rows = append(batch.rows, row)
-			size += int64(n + valueOverhead*len(values))
-			if size >= s.batchBytes || len(batch.rows) >= snapshotBatchRows {
+			for rr.NextRow() {
+				if rows++; stopped {
+					continue
+				}
+				values := rr.Values() // valid until the next row: copied into one buffer per row
+				n := 0
+				for _, v := range values {
+					n += len(v)
+				}
+				buf, row := make([]byte, 0, n), make([][]byte, len(values))
+				for i, v := range values {
+					if v != nil { // nil is NULL
+						start := len(buf)
+						buf = append(buf, v...)
+						row[i] = buf[start:len(buf):len(buf)]
+					}
+				}
+				batch.rows = append(batch.rows, row)
+				size += int64(n + valueOverhead*len(values))
+				if size >= s.batchBytes || len(batch.rows) >= snapshotBatchRows {
+					s.peakBatchBytes = max(s.peakBatchBytes, size)
+					stopped = !send(batch)
+					batch.rows, size = nil, 0
+				}
+			}
+			_, _ = rr.Close() // its error is mrr's too
+		}
+		err := mrr.Close()
+		switch {
+		case stopped:
+			return
+		case err != nil:
+			send(fetched{err: fmt.Errorf("read snapshot: %w", err)})
+			return
+		case rows == 0:
+			if len(batch.rows) > 0 {
 				s.peakBatchBytes = max(s.peakBatchBytes, size)
-				if !send(batch) {
-					stopped = true
-					_ = pc.CancelRequest(context.WithoutCancel(ctx)) // the reading ends with the cancel's error
-				}
-				batch.rows, size = nil, 0
+				send(batch)
 			}
+			return
 		}
-		_, _ = rr.Close() // its error is mrr's too
-	}
-	err := mrr.Close()
-	if stopped {
-		return
-	}
-	if err != nil {
-		send(fetched{err: fmt.Errorf("read snapshot: %w", err)})
-		return
-	}
-	if len(batch.rows) > 0 {
-		s.peakBatchBytes = max(s.peakBatchBytes, size)
-		send(batch)
 	}
 }

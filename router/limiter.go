@@ -3,19 +3,28 @@ package router
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // limiter caps records and bytes in flight. Acquire is called by one goroutine (the replication
-// stream); Release from the producer's promise goroutine.
+// stream); Release from the producer's promise goroutine. The records' cap is a window between
+// minRecords and maxRecords sized by the latency of the acknowledgements (windowSizer); with
+// minRecords at maxRecords it is fixed.
 type limiter struct {
 	mu                   sync.Mutex
 	records, bytes       int64
 	maxRecords, maxBytes int64
+	sizer                *windowSizer // nil: the window is fixed at maxRecords
 	wake                 chan struct{}
 }
 
-func newLimiter(maxRecords int, maxBytes int64) *limiter {
-	return &limiter{maxRecords: int64(maxRecords), maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+func newLimiter(minRecords, maxRecords int, maxBytes int64) *limiter {
+	l := &limiter{maxRecords: int64(maxRecords), maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+	if minRecords > 0 && minRecords < maxRecords {
+		l.sizer = newWindowSizer(int64(minRecords), int64(maxRecords))
+		l.maxRecords = l.sizer.window
+	}
+	return l
 }
 
 // Acquire takes room for one record of n bytes, waiting until there is room or ctx ends. A record
@@ -27,28 +36,49 @@ func (l *limiter) Acquire(ctx context.Context, n int64) error { return l.acquire
 func (l *limiter) AcquireAlone(ctx context.Context, n int64) error { return l.acquire(ctx, n, true) }
 
 func (l *limiter) acquire(ctx context.Context, n int64, alone bool) error {
-	for {
-		l.mu.Lock()
-		if l.records == 0 || (!alone && l.records < l.maxRecords && l.bytes+n <= l.maxBytes) {
-			l.records++
-			l.bytes += n
-			l.mu.Unlock()
-			return nil
-		}
-		l.mu.Unlock()
+	for !l.take(n, alone) {
 		select {
 		case <-l.wake:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	return nil
 }
 
-// Release returns the room of one record of n bytes.
-func (l *limiter) Release(n int64) {
+// tryAcquire takes room for one record of n bytes if there is room now.
+func (l *limiter) tryAcquire(n int64) bool { return l.take(n, false) }
+
+// take takes room for one record of n bytes (alone: only when nothing is in flight) and returns
+// true, or returns false.
+func (l *limiter) take(n int64, alone bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.records == 0 || (!alone && l.records < l.maxRecords && l.bytes+n <= l.maxBytes) {
+		l.records++
+		l.bytes += n
+		return true
+	}
+	if !alone && l.sizer != nil && l.records >= l.maxRecords && l.sizer.wait(time.Now()) {
+		l.maxRecords = l.sizer.window // the window holds the stream back
+	}
+	return false
+}
+
+// Release returns the room of one record of n bytes that was not acknowledged.
+func (l *limiter) Release(n int64) { l.release(n, -1) }
+
+// ReleaseAcked returns the room of one record of n bytes that Kafka acknowledged took after it
+// was handed over, for the window's sizing.
+func (l *limiter) ReleaseAcked(n int64, took time.Duration) { l.release(n, took) }
+
+func (l *limiter) release(n int64, took time.Duration) {
 	l.mu.Lock()
 	l.records--
 	l.bytes -= n
+	if l.sizer != nil && took >= 0 && l.sizer.acked(time.Now(), took) {
+		l.maxRecords = l.sizer.window
+	}
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -56,9 +86,9 @@ func (l *limiter) Release(n int64) {
 	}
 }
 
-// InFlight returns the records and bytes in flight.
-func (l *limiter) InFlight() (records, bytes int64) {
+// InFlight returns the records and bytes in flight, and the records' cap now.
+func (l *limiter) InFlight() (records, bytes, window int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.records, l.bytes
+	return l.records, l.bytes, l.maxRecords
 }

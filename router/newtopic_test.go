@@ -195,7 +195,7 @@ func TestFailedNewTopicAcknowledgesNothing(t *testing.T) {
 	if n := acked.Load(); n != 0 {
 		t.Fatalf("%d records of a topic that could not be set up were acknowledged", n)
 	}
-	if recs, _ := r.limiter.InFlight(); recs != 0 {
+	if recs, _, _ := r.limiter.InFlight(); recs != 0 {
 		t.Fatalf("%d records still hold room", recs)
 	}
 }

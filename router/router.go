@@ -73,6 +73,8 @@ type Counters struct {
 	DeadLettered atomic.Int64
 	// InFlightRecords and InFlightBytes are what is handed to Kafka and not yet acknowledged.
 	InFlightRecords, InFlightBytes atomic.Int64
+	// InFlightWindow is the records' cap now (the adaptive window, at most limits.max_inflight_records).
+	InFlightWindow atomic.Int64
 	// TransactionsCommitted and TransactionsAborted count Kafka transactions (exactly-once mode).
 	TransactionsCommitted, TransactionsAborted atomic.Int64
 }
@@ -215,6 +217,7 @@ func New(opts Options) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	lim := newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes)
 	kopts = append(kopts,
 		kgo.ClientID(opts.Kafka.ClientID),
 		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
@@ -262,7 +265,7 @@ func New(opts Options) (*Router, error) {
 		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
-		limiter:  newLimiter(opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes),
+		limiter:  lim,
 		topics:   topics,
 		preps:    make(map[string]*topicPrep),
 		keyHeld:  make(map[string]int),
@@ -526,7 +529,8 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			n := len(rec.Key) + len(rec.Value)
 			r.opts.Counters.Produced.Add(1)
 			r.opts.Counters.ProducedBytes.Add(int64(n))
-			r.release(p.size)
+			r.limiter.ReleaseAcked(p.size, time.Since(start))
+			r.trackInFlight()
 			r.checkPartitions(rec)
 			if r.opts.Observer != nil {
 				now := time.Now()
@@ -742,9 +746,10 @@ func (r *Router) release(size int64) {
 }
 
 func (r *Router) trackInFlight() {
-	recs, b := r.limiter.InFlight()
+	recs, b, window := r.limiter.InFlight()
 	r.opts.Counters.InFlightRecords.Store(recs)
 	r.opts.Counters.InFlightBytes.Store(b)
+	r.opts.Counters.InFlightWindow.Store(window)
 }
 
 // topicPrep is a topic's preparation under way: it outlives the short waits of Prepare, so that a

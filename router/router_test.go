@@ -458,7 +458,7 @@ func TestUndecodableRowIsDeadLettered(t *testing.T) {
 }
 
 func TestLimiter(t *testing.T) {
-	l := newLimiter(2, 100)
+	l := newLimiter(0, 2, 100)
 	ctx := context.Background()
 	if err := l.Acquire(ctx, 60); err != nil {
 		t.Fatal(err)
@@ -484,11 +484,11 @@ func TestLimiter(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	if r, b := l.InFlight(); r != 2 || b != 41 {
+	if r, b, _ := l.InFlight(); r != 2 || b != 41 {
 		t.Fatalf("in flight %d records %d bytes, want 2, 41", r, b)
 	}
 	// A record over the byte cap still goes when nothing else is in flight.
-	l2 := newLimiter(5, 10)
+	l2 := newLimiter(0, 5, 10)
 	if err := l2.Acquire(ctx, 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -745,7 +745,7 @@ func TestNothingFollowsAFailure(t *testing.T) {
 	if end, _ := ends.Lookup("orders", 0); end.Offset != 0 || acked.Load() != 0 {
 		t.Fatalf("after the failure %d records reached Kafka (%d acknowledged): they would overtake the replay", end.Offset, acked.Load())
 	}
-	if in, _ := r.limiter.InFlight(); in != 0 {
+	if in, _, _ := r.limiter.InFlight(); in != 0 {
 		t.Fatalf("%d records still count as in flight", in)
 	}
 }

@@ -12,7 +12,8 @@
 # checks the registry's sha512; one version runs at a time, on the same port, each in its own data
 # directory). The Debian 15 client tools (psql) serve every version.
 #
-# Ports (non-default, override with the environment): PostgreSQL 55432, Kafka 59092 (controller 59093).
+# Ports (non-default, override with the environment): PostgreSQL 55432, Kafka 59092 (controller 59093,
+# SASL 59094, TLS 59095, the "remote" listener 59096 advertised as 59097).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,10 @@ KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_SASL_PORT="${OUTBOX_CDC_KAFKA_SASL_PORT:-59094}"
 KAFKA_TLS_PORT="${OUTBOX_CDC_KAFKA_TLS_PORT:-59095}"
+# A listener the broker binds on KAFKA_REMOTE_PORT but advertises on KAFKA_REMOTE_PROXY_PORT, where the
+# bench starts a delaying proxy (go run ./bench -kafka-rtt 20ms): a broker "across a network".
+KAFKA_REMOTE_PORT="${OUTBOX_CDC_KAFKA_REMOTE_PORT:-59096}"
+KAFKA_REMOTE_PROXY_PORT="${OUTBOX_CDC_KAFKA_REMOTE_PROXY_PORT:-59097}"
 # The PostgreSQL version: PG if given, else the one last started (for down, status, pg-restart), else 15.
 if [ -n "${PG:-}" ]; then PG_VERSION="$PG"
 elif [ -f "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version" ]; then PG_VERSION="$(cat "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version")"
@@ -273,7 +278,7 @@ ports_free() {
     sleep 0.5
   done
   ss -tanp "( sport = :$held )" >&2 || true
-  die "port $held is held by the socket above; stop that process, or choose other ports (OUTBOX_CDC_PG_PORT, OUTBOX_CDC_KAFKA_PORT, OUTBOX_CDC_KAFKA_CONTROLLER_PORT, OUTBOX_CDC_KAFKA_SASL_PORT, OUTBOX_CDC_KAFKA_TLS_PORT)"
+  die "port $held is held by the socket above; stop that process, or choose other ports (OUTBOX_CDC_PG_PORT, OUTBOX_CDC_KAFKA_PORT, OUTBOX_CDC_KAFKA_CONTROLLER_PORT, OUTBOX_CDC_KAFKA_SASL_PORT, OUTBOX_CDC_KAFKA_TLS_PORT, OUTBOX_CDC_KAFKA_REMOTE_PORT)"
 }
 
 kafka_running() {
@@ -306,11 +311,11 @@ kafka_up() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PROXY_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,REMOTE:PLAINTEXT
 # A SASL listener (PLAIN and SCRAM-SHA-256, user outbox) and a TLS listener, for the tests of kafka.sasl.* and kafka.tls.*
 sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_outbox="outbox-secret";
@@ -350,7 +355,7 @@ L4J
       format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" \
       --add-scram 'SCRAM-SHA-256=[name=outbox,password=outbox-secret]' >/dev/null
   fi
-  local ports=("$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT")
+  local ports=("$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" "$KAFKA_REMOTE_PORT")
   reserve_ports "${ports[@]}"
   # A port can still be taken by a client's TIME-WAIT socket (no SO_REUSEADDR there) for up to 60 s, or
   # between the check and the broker's bind: on "Address already in use", start again, for up to 90 s.
@@ -400,6 +405,8 @@ OUTBOX_CDC_TEST_ADMIN_POSTGRES=postgres://postgres:postgres@127.0.0.1:$PG_PORT/o
 OUTBOX_CDC_TEST_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
 OUTBOX_CDC_TEST_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
 OUTBOX_CDC_TEST_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
+OUTBOX_CDC_TEST_REMOTE_LISTENER=127.0.0.1:$KAFKA_REMOTE_PORT
+OUTBOX_CDC_TEST_REMOTE_BROKERS=127.0.0.1:$KAFKA_REMOTE_PROXY_PORT
 ENV
   log "wrote $DEV/env"
 }

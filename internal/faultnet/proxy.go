@@ -1,5 +1,5 @@
-// Package faultnet is a TCP proxy on a loopback port for network faults in tests and the chaos
-// suite: it cuts or black-holes the connections passing through it.
+// Package faultnet is a TCP proxy on a loopback port for network faults in tests, the chaos suite
+// and the bench: it cuts or black-holes the connections passing through it, or delays them.
 package faultnet
 
 import (
@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"time"
 )
 
 // Proxy is a TCP proxy on a loopback port in front of a server, for network faults: it can cut every
@@ -16,6 +17,7 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
+	delay  time.Duration // each way
 
 	mu    sync.Mutex
 	conns map[*proxied]bool
@@ -29,12 +31,16 @@ type proxied struct {
 }
 
 // Start starts a proxy on a free loopback port to target (host:port); Close stops it.
-func Start(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(target string) (*Proxy, error) { return StartDelayed("127.0.0.1:0", target, 0) }
+
+// StartDelayed starts a proxy on listen (host:port) to target that holds every byte for oneWay in
+// each direction (a round trip of twice that), like a server across a network; Close stops it.
+func StartDelayed(listen, target string, oneWay time.Duration) (*Proxy, error) {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("proxy listen: %w", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[*proxied]bool{}}
+	p := &Proxy{ln: ln, target: target, delay: oneWay, conns: map[*proxied]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -79,6 +85,11 @@ func (p *Proxy) accept() {
 // bytes read are dropped.
 func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
 	defer p.wg.Done()
+	write, flush := dst.Write, func() {}
+	if p.delay > 0 {
+		line := newDelayLine(dst, p.delay)
+		write, flush = line.write, line.close
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -87,7 +98,7 @@ func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
 			holed := pc.holed
 			pc.mu.Unlock()
 			if !holed {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				if _, werr := write(buf[:n]); werr != nil {
 					err = werr
 				}
 			}
@@ -96,6 +107,7 @@ func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
 			if err != io.EOF {
 				_ = src.Close()
 			}
+			flush()
 			_ = dst.Close()
 			p.mu.Lock()
 			delete(p.conns, pc)
@@ -134,4 +146,58 @@ func (p *Proxy) Close() {
 	_ = p.ln.Close()
 	p.Cut()
 	p.wg.Wait()
+}
+
+// delayLine writes what it is given to dst delay later, in order.
+type delayLine struct {
+	dst   net.Conn
+	delay time.Duration
+	queue chan delayed
+	done  chan struct{}
+	mu    sync.Mutex
+	err   error
+}
+
+type delayed struct {
+	b   []byte
+	due time.Time
+}
+
+func newDelayLine(dst net.Conn, delay time.Duration) *delayLine {
+	l := &delayLine{dst: dst, delay: delay, queue: make(chan delayed, 1024), done: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+func (l *delayLine) run() {
+	defer close(l.done)
+	for d := range l.queue {
+		time.Sleep(time.Until(d.due))
+		if _, err := l.dst.Write(d.b); err != nil {
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+			for range l.queue { // drop the rest
+			}
+			return
+		}
+	}
+}
+
+// write queues a copy of b; it returns the error of an earlier write, if any.
+func (l *delayLine) write(b []byte) (int, error) {
+	l.mu.Lock()
+	err := l.err
+	l.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	l.queue <- delayed{b: append([]byte(nil), b...), due: time.Now().Add(l.delay)}
+	return len(b), nil
+}
+
+// close writes what is queued and ends the line.
+func (l *delayLine) close() {
+	close(l.queue)
+	<-l.done
 }
