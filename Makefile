@@ -101,9 +101,9 @@ bench-inbox: up ## package inbox's throughput beside a bare consumer running the
 bench-scale: build up ## 10,000,000 events drained (throughput and RSS per million), 10 minutes at 30,000 events/s (p99 per minute), resync of the whole table (rows/s, RSS); about 30 minutes, 15 GB of disk
 	$(GO) run ./bench -scale $${EVENTS:-10000000} -scale-rate $${RATE:-30000} -scale-minutes $${MINUTES:-10}
 
-bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka Connect (defaults and tuned); charts into docs/bench
+bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka Connect (defaults and tuned), and again at 2,000 and 10,000 events/s with a CPU burner on one core; charts into docs/bench
 	scripts/services.sh debezium-libs
-	$(GO) run ./bench -compare -charts docs/bench
+	$(GO) run ./bench -compare -contended-rates 2000,10000 -charts docs/bench
 
 # How long the first two chaos runs inject faults (at least one of every kind, however short).
 CHAOS_DURATION ?= 150s

@@ -33,6 +33,7 @@ type config struct {
 	events, payload, txRows int
 	rate, steadyRows        int
 	rates                   []int // the latency curve's rates; includes rate
+	contendedRates          []int // the rates measured again with the CPU burner running
 	payloads, txSizes       []int // the throughput sweeps
 	sweepEvents             int
 	steadyFor               time.Duration
@@ -73,13 +74,21 @@ func main() {
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
 	flag.StringVar(&c.altEnv, "with-env", "", "also run outbox-cdc (at-least-once) with these environment settings, side by side (e.g. OUTBOX_CDC_LINGER=0,OUTBOX_CDC_QUIET_FLUSH=1ms)")
 	flag.StringVar(&c.altBinary, "with-binary", "", "also run this outbox-cdc binary (at-least-once), side by side: a change against the commit before it (go build -o /tmp/old . at that commit); with -with-env, the two together")
+	contended := flag.String("contended-rates", "", "also measure the steady load at these rates (e.g. 2000,10000) with a CPU burner of the bench's own busy on one core, for every system and the floors alike")
+	burn := flag.Bool("burn", false, "internal: be the CPU burner (spin on one core until killed)")
 	kafkaRTT := flag.Duration("kafka-rtt", 0, "outbox-cdc reaches Kafka through a proxy that adds this round trip (the broker's remote listener, as across a network; the bench's own clients connect directly)")
 	flag.Parse()
+	if *burn {
+		burnForever()
+	}
 	var err error
 	if c.rates, err = intList("rates", rates); err == nil {
 		if c.payloads, err = intList("payloads", payloads); err == nil {
 			c.txSizes, err = intList("tx-sizes", txSizes)
 		}
+	}
+	if err == nil {
+		c.contendedRates, err = intList("contended-rates", *contended)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -33,11 +33,15 @@ type measured struct {
 	peakRSSKB                     int64
 	cpu                           time.Duration
 	curve                         []*latency // one point per steady rate, in order; stops after a point it fell behind at
+	contended                     []*latency // the same at -contended-rates, with the CPU burner running
 }
 
 // at returns the curve's point at rate, or nil.
-func (m *measured) at(rate int) *latency {
-	for _, l := range m.curve {
+func (m *measured) at(rate int) *latency { return pointAt(m.curve, rate) }
+
+// pointAt returns curve's point at rate, or nil.
+func pointAt(curve []*latency, rate int) *latency {
+	for _, l := range curve {
 		if l.rate == rate {
 			return l
 		}
@@ -147,6 +151,24 @@ func once(c config, n int) (res result, err error) {
 		}
 		res.floors = append(res.floors, f)
 	}
+	if len(c.contendedRates) > 0 {
+		stop, err := startBurner()
+		if err != nil {
+			return res, err
+		}
+		for _, r := range c.contendedRates {
+			var f floor
+			if f.decode, err = b.decodeFloor(ctx, b.floorTarget, r); err == nil {
+				f.kafka, err = b.kafkaFloor(ctx, b.ceilingTopic, r)
+			}
+			if err != nil {
+				stop()
+				return res, fmt.Errorf("floor at %d events/s under contention: %w", r, err)
+			}
+			res.contendedFloors = append(res.contendedFloors, f)
+		}
+		stop()
+	}
 	if res.sweeps, err = b.sweeps(ctx); err != nil {
 		return res, fmt.Errorf("sweeps: %w", err)
 	}
@@ -191,6 +213,23 @@ func (b *bench) measure(ctx context.Context, t *target) (*measured, error) {
 		if l.behind {
 			break // higher rates would only queue more
 		}
+	}
+	if len(b.c.contendedRates) > 0 {
+		stop, err := startBurner()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range b.c.contendedRates {
+			l, err := b.steady(ctx, cmd.Process.Pid, t, r, m)
+			if err != nil {
+				stop()
+				return nil, fmt.Errorf("steady load at %d events/s under contention: %w", r, err)
+			}
+			if m.contended = append(m.contended, l); l.behind {
+				break
+			}
+		}
+		stop()
 	}
 	m.peakRSSKB = max(m.peakRSSKB, peakRSS(cmd.Process.Pid))
 	m.cpu = cpuTime(cmd.Process.Pid)

@@ -18,7 +18,9 @@ type result struct {
 	kafkaCeiling  time.Duration // raw franz-go producer, same records
 	systems       map[string]*measured
 	floors        []floor // one per curve rate
-	sweeps        struct{ payload, tx []sweepPoint }
+	// contendedFloors are the floors at -contended-rates with the CPU burner running.
+	contendedFloors []floor
+	sweeps          struct{ payload, tx []sweepPoint }
 }
 
 // streamRate is a system's drain throughput from its first record to its last.
@@ -211,14 +213,23 @@ type curveSeries struct {
 	get  func(result, int) *latency
 }
 
-func (r report) curveSeries() []curveSeries {
+func (r report) curveSeries(contended bool) []curveSeries {
 	var out []curveSeries
 	for _, sys := range r.systems {
-		out = append(out, curveSeries{sys, func(res result, rate int) *latency { return res.systems[sys].at(rate) }})
+		out = append(out, curveSeries{sys, func(res result, rate int) *latency {
+			if contended {
+				return pointAt(res.systems[sys].contended, rate)
+			}
+			return res.systems[sys].at(rate)
+		}})
 	}
 	floorAt := func(f func(floor) *latency) func(result, int) *latency {
 		return func(res result, rate int) *latency {
-			for _, fl := range res.floors {
+			floors := res.floors
+			if contended {
+				floors = res.contendedFloors
+			}
+			for _, fl := range floors {
 				if fl.decode.rate == rate {
 					return f(fl)
 				}
@@ -244,16 +255,55 @@ var quantiles = []struct {
 }
 
 func (r report) curve() {
-	if len(r.c.rates) == 0 {
-		return
+	if len(r.c.rates) > 0 {
+		fmt.Printf("\nsteady latency p50 / p99 / p99.9 (ms), medians of %d runs; \"behind\": the system did not keep up\n\n", len(r.results))
+		r.printCurve(r.c.rates, r.curveSeries(false))
 	}
-	series := r.curveSeries()
-	fmt.Printf("\nsteady latency p50 / p99 / p99.9 (ms), medians of %d runs; \"behind\": the system did not keep up\n\n| events/s |", len(r.results))
+	if len(r.c.contendedRates) > 0 {
+		fmt.Printf("\nunder contention (the bench's CPU burner busy on one core for every column and floor alike): steady latency p50 / p99 / p99.9 (ms), medians of %d runs\n\n", len(r.results))
+		r.printCurve(r.c.contendedRates, r.curveSeries(true))
+	}
+}
+
+// printCurve prints one latency table: a row per rate, a column per series, and outbox-cdc's p50
+// and p99 against the floor's sum and (with -compare) tuned Debezium's, and exactly-once's against
+// at-least-once's.
+func (r report) printCurve(rates []int, series []curveSeries) {
+	tuned := slices.IndexFunc(series, func(s curveSeries) bool { return s.name == systemDebeziumTuned })
+	eos := slices.IndexFunc(series, func(s curveSeries) bool { return s.name == systemEOS })
+	fmt.Printf("| events/s |")
 	for _, s := range series {
 		fmt.Printf(" %s |", s.name)
 	}
-	fmt.Printf(" outbox-cdc / floor sum (p50 / p99) |\n|---|%s---|\n", strings.Repeat("---|", len(series)))
-	for _, rate := range r.c.rates {
+	fmt.Printf(" outbox-cdc / floor sum (p50 / p99) |")
+	if tuned >= 0 {
+		fmt.Printf(" outbox-cdc / Debezium tuned (p50 / p99) |")
+	}
+	if eos >= 0 {
+		fmt.Printf(" exactly-once / outbox-cdc (p50 / p99) |")
+	}
+	fmt.Printf("\n|---|%s---|", strings.Repeat("---|", len(series)))
+	if tuned >= 0 {
+		fmt.Printf("---|")
+	}
+	if eos >= 0 {
+		fmt.Printf("---|")
+	}
+	fmt.Println()
+	ratio := func(rate int, num, den curveSeries) string {
+		var ratio []string
+		for _, q := range quantiles[:2] {
+			n, b1 := r.point(rate, func(res result) *latency { return num.get(res, rate) }, q.q)
+			d, b2 := r.point(rate, func(res result) *latency { return den.get(res, rate) }, q.q)
+			if b1 || b2 || d <= 0 {
+				ratio = append(ratio, "-")
+			} else {
+				ratio = append(ratio, fmt.Sprintf("%.2f", n/d))
+			}
+		}
+		return strings.Join(ratio, " / ")
+	}
+	for _, rate := range rates {
 		fmt.Printf("| %d |", rate)
 		for _, s := range series {
 			var parts []string
@@ -268,17 +318,14 @@ func (r report) curve() {
 			}
 			fmt.Printf(" %s |", strings.Join(parts, " / "))
 		}
-		var ratio []string
-		for _, q := range quantiles[:2] {
-			own, b1 := r.point(rate, func(res result) *latency { return series[0].get(res, rate) }, q.q)
-			fl, b2 := r.point(rate, func(res result) *latency { return series[len(series)-1].get(res, rate) }, q.q)
-			if b1 || b2 || fl <= 0 {
-				ratio = append(ratio, "-")
-			} else {
-				ratio = append(ratio, fmt.Sprintf("%.2f", own/fl))
-			}
+		fmt.Printf(" %s |", ratio(rate, series[0], series[len(series)-1]))
+		if tuned >= 0 {
+			fmt.Printf(" %s |", ratio(rate, series[0], series[tuned]))
 		}
-		fmt.Printf(" %s |\n", strings.Join(ratio, " / "))
+		if eos >= 0 {
+			fmt.Printf(" %s |", ratio(rate, series[eos], series[0]))
+		}
+		fmt.Println()
 	}
 }
 
@@ -321,7 +368,7 @@ func (r report) charts(dir string) ([]string, error) {
 		for _, q := range quantiles[:2] {
 			ch := chart{title: "steady latency " + q.name + " (ms) by load, medians of " + fmt.Sprint(len(r.results)) + " runs",
 				xLabel: "events/s", yLabel: q.name + " ms", logX: true, logY: true}
-			for _, s := range r.curveSeries() {
+			for _, s := range r.curveSeries(false) {
 				if s.name == "floor: commit → decoded" || s.name == "floor: produce → consumed" {
 					continue
 				}
