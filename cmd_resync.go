@@ -83,6 +83,7 @@ snapshot are published again, and consumers drop the duplicates by event_id.`,
 			}
 			opts.Progress = progressReporter(terminal)
 			log := newLogger(os.Stderr, cfg)
+			applyMemoryLimit(log)
 			p, err := pipeline.New(cfg, log)
 			if err != nil {
 				return err

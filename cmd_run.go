@@ -69,6 +69,7 @@ Environment variables:
 				return err
 			}
 			log := newLogger(os.Stderr, cfg)
+			applyMemoryLimit(log)
 			sources, err := pickSources(cfg, only, false)
 			if err != nil {
 				return err

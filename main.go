@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
+	"github.com/outbox-cdc/outbox-cdc/internal/memlimit"
 	"github.com/outbox-cdc/outbox-cdc/internal/redact"
 )
 
@@ -121,4 +122,17 @@ func pickSources(cfg config.Config, names []string, one bool) ([]config.Config, 
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// applyMemoryLimit gives the Go runtime a soft memory limit of memlimit.Ratio of the container's
+// memory limit (unless GOMEMLIMIT is set), and says so; a limit it cannot read is only logged.
+func applyMemoryLimit(log *slog.Logger) {
+	limit, err := memlimit.Limit("/")
+	if err != nil {
+		log.Warn("could not read the container's memory limit; the Go runtime has no soft limit (set GOMEMLIMIT)", "error", err.Error())
+		return
+	}
+	if soft := memlimit.Apply(limit, os.Getenv); soft > 0 {
+		log.Info("the Go runtime's soft memory limit follows the container's", "container_limit_bytes", limit, "gomemlimit_bytes", soft)
+	}
 }
