@@ -46,9 +46,6 @@ func (l *limiter) acquire(ctx context.Context, n int64, alone bool) error {
 	return nil
 }
 
-// tryAcquire takes room for one record of n bytes if there is room now.
-func (l *limiter) tryAcquire(n int64) bool { return l.take(n, false) }
-
 // take takes room for one record of n bytes (alone: only when nothing is in flight) and returns
 // true, or returns false.
 func (l *limiter) take(n int64, alone bool) bool {
@@ -66,17 +63,17 @@ func (l *limiter) take(n int64, alone bool) bool {
 }
 
 // Release returns the room of one record of n bytes that was not acknowledged.
-func (l *limiter) Release(n int64) { l.release(n, -1) }
+func (l *limiter) Release(n int64) { l.release(n, time.Time{}, -1) }
 
-// ReleaseAcked returns the room of one record of n bytes that Kafka acknowledged took after it
-// was handed over, for the window's sizing.
-func (l *limiter) ReleaseAcked(n int64, took time.Duration) { l.release(n, took) }
+// ReleaseAcked returns the room of one record of n bytes that Kafka acknowledged at now, took
+// after it was handed over, for the window's sizing.
+func (l *limiter) ReleaseAcked(n int64, now time.Time, took time.Duration) { l.release(n, now, took) }
 
-func (l *limiter) release(n int64, took time.Duration) {
+func (l *limiter) release(n int64, now time.Time, took time.Duration) {
 	l.mu.Lock()
 	l.records--
 	l.bytes -= n
-	if l.sizer != nil && took >= 0 && l.sizer.acked(time.Now(), took) {
+	if l.sizer != nil && took >= 0 && l.sizer.acked(now, took) {
 		l.maxRecords = l.sizer.window
 	}
 	l.mu.Unlock()

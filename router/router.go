@@ -217,7 +217,6 @@ func New(opts Options) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	lim := newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes)
 	kopts = append(kopts,
 		kgo.ClientID(opts.Kafka.ClientID),
 		// Idempotent, acks=all and unlimited retries are franz-go's defaults and must stay so:
@@ -265,7 +264,7 @@ func New(opts Options) (*Router, error) {
 		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
-		limiter:  lim,
+		limiter:  newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes),
 		topics:   topics,
 		preps:    make(map[string]*topicPrep),
 		keyHeld:  make(map[string]int),
@@ -529,11 +528,11 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			n := len(rec.Key) + len(rec.Value)
 			r.opts.Counters.Produced.Add(1)
 			r.opts.Counters.ProducedBytes.Add(int64(n))
-			r.limiter.ReleaseAcked(p.size, time.Since(start))
+			now := time.Now() // one clock read per acknowledgement, for the window and the observer
+			r.limiter.ReleaseAcked(p.size, now, now.Sub(start))
 			r.trackInFlight()
 			r.checkPartitions(rec)
 			if r.opts.Observer != nil {
-				now := time.Now()
 				var e2e time.Duration
 				if !p.src.CommitTime.IsZero() {
 					e2e = now.Sub(p.src.CommitTime)

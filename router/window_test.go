@@ -125,11 +125,11 @@ func TestLimiterWindowCapsRecords(t *testing.T) {
 	for _, tc := range []struct{ min, max, want int }{{100, 1000, 100}, {1000, 1000, 1000}, {5000, 1000, 1000}, {0, 7, 7}} {
 		l := newLimiter(tc.min, tc.max, 1<<30)
 		for i := 0; i < tc.want; i++ {
-			if !l.tryAcquire(1) {
+			if !l.take(1, false) {
 				t.Fatalf("min %d max %d: record %d refused, want %d admitted", tc.min, tc.max, i+1, tc.want)
 			}
 		}
-		if l.tryAcquire(1) {
+		if l.take(1, false) {
 			t.Fatalf("min %d max %d: record %d admitted, want the window (%d) to hold", tc.min, tc.max, tc.want+1, tc.want)
 		}
 	}
