@@ -30,6 +30,10 @@ type Config struct {
 	Kafka Kafka `yaml:"kafka"`
 	// Routing chooses topics.
 	Routing Routing `yaml:"routing"`
+	// Tables are further outbox tables of the same database, streamed through the same slot and
+	// publication as postgres.table (one decode of the WAL), each with its own routing over this
+	// one. OutboxTables returns them all.
+	Tables []Table `yaml:"tables,omitempty"`
 	// Limits bound memory.
 	Limits Limits `yaml:"limits"`
 	// Log configures logging.
@@ -709,6 +713,7 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	if c.Routing.Topic == "" && len(c.Routing.Topics) == 0 && c.Routing.FallbackTopic == "" {
 		bad("routing.topic", "is empty and neither routing.topics nor routing.fallback_topic is set: no row could be routed")
 	}
+	c.validateTables(bad)
 	// Topic names and patterns are Kafka's business: router.NewRules checks them, naming the key.
 	if c.Limits.MaxInFlightRecords < 1 {
 		bad("limits.max_inflight_records", "must be at least 1, got %d", c.Limits.MaxInFlightRecords)

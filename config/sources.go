@@ -22,7 +22,7 @@ const DefaultSourceName = "default"
 
 // sourceKeys are the top-level keys a sources entry may set besides its name; the others (log,
 // metrics, tracing, shutdown_timeout) belong to the process.
-var sourceKeys = []string{"postgres", "kafka", "routing", "limits"}
+var sourceKeys = []string{"postgres", "kafka", "routing", "limits", "tables"}
 
 // sourceNameRE is what a source's name may be: it becomes a metrics label value, a log attribute and
 // a path segment of the fleet API.
@@ -41,7 +41,7 @@ type Source struct {
 // later, and refuses keys a source cannot set.
 func (s *Source) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.MappingNode {
-		return fmt.Errorf("line %d: a sources entry must be a mapping (name, postgres, kafka, routing, limits)", n.Line)
+		return fmt.Errorf("line %d: a sources entry must be a mapping (name, postgres, kafka, routing, limits, tables)", n.Line)
 	}
 	rest := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -158,6 +158,7 @@ func (c *Config) clone() Config {
 	out.Kafka.TopicConfig = maps.Clone(c.Kafka.TopicConfig)
 	out.Routing.Topics = maps.Clone(c.Routing.Topics)
 	out.Routing.AllowedTopics = slices.Clone(c.Routing.AllowedTopics)
+	out.Tables = slices.Clone(c.Tables)
 	out.SourceList = nil
 	out.resolved = nil
 	return out
@@ -242,11 +243,17 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 			} else if !dup {
 				publications[at] = struct{ source, table string }{s.Name, sc.Postgres.Table}
 			}
-			at = place{target, sc.Postgres.Table}
-			if other, dup := tables[at]; dup {
-				errs = append(errs, fmt.Errorf("%s: postgres.table: %s is also the table of source %s on the same database: every event would be sent twice", label, sc.Postgres.Table, other))
-			} else {
-				tables[at] = s.Name
+			for j, t := range append([]string{sc.Postgres.Table}, tableNames(sc.Tables)...) {
+				key := "postgres.table"
+				if j > 0 {
+					key = fmt.Sprintf("tables[%d].table", j-1)
+				}
+				at = place{target, qualifiedTable(t)}
+				if other, dup := tables[at]; dup && other != s.Name {
+					errs = append(errs, fmt.Errorf("%s: %s: %s is also a table of source %s on the same database: every event would be sent twice", label, key, t, other))
+				} else if !dup {
+					tables[at] = s.Name
+				}
 			}
 		}
 		c.resolved = append(c.resolved, sc)
@@ -255,6 +262,15 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 		errs = append(errs, errors.New("kafka.brokers: the instances of a sources list coordinate through the top-level kafka settings: set kafka.brokers at the top level (or fleet.coordination: none)"))
 	}
 	return errors.Join(errs...)
+}
+
+// tableNames returns the names of the tables list.
+func tableNames(tables []Table) []string {
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.Name
+	}
+	return names
 }
 
 // GroupID is the consumer group the instances of this sources list share (fleet.group, else

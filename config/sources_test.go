@@ -128,7 +128,7 @@ func TestSourcesValidationNamesSourceAndKey(t *testing.T) {
 		{"one publication for two tables", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", table: public.a, slot: a}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", table: public.b, slot: b}}",
 			[]string{`sources[1] (b): postgres.publication: "outbox_cdc" is also the publication of source a (table public.a)`}},
 		{"one table twice", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", slot: a}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", slot: b}}",
-			[]string{`sources[1] (b): postgres.table: public.outbox is also the table of source a`}},
+			[]string{`sources[1] (b): postgres.table: public.outbox is also a table of source a`}},
 		{"a source's own invalid value", "  - {name: a, postgres: {url: \"postgres://u@h/db1\"}, kafka: {delivery: twice}}", []string{`sources[0] (a): kafka.delivery: must be`}},
 	}
 	for _, tt := range tests {

@@ -29,6 +29,8 @@ type Pipeline struct {
 	cfg   config.Config
 	log   *slog.Logger
 	rules *router.Rules
+	// tableRules route the rows of the further outbox tables (the tables list), in its order.
+	tableRules []*router.Rules
 
 	// Replication counts what the stream decoded and ignored.
 	Replication replication.Counters
@@ -106,6 +108,18 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 		return nil, fmt.Errorf("invalid configuration: kafka.checkpoint_topic: %q is not a valid Kafka topic name", cfg.Kafka.CheckpointTopic)
 	}
 	p := &Pipeline{cfg: cfg, log: log, rules: rules}
+	tables, err := cfg.OutboxTables()
+	if err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	for i, t := range tables[1:] {
+		tr, err := router.NewRules(t.Routing, cfg.Postgres.Columns)
+		if err != nil {
+			return nil, fmt.Errorf("invalid configuration: tables[%d]: %w", i, err)
+		}
+		tr.Reserve(cfg.Kafka.CheckpointTopic, "kafka.checkpoint_topic, which holds the exactly-once checkpoints")
+		p.tableRules = append(p.tableRules, tr)
+	}
 	for _, o := range opts {
 		o(p)
 	}
@@ -118,7 +132,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 // columnRoles are the columns the router reads, checked at set-up against the table and on every
 // Relation message of the stream: the four without which no record can be built, and the topic
 // template's columns, are required; the header columns are optional.
-func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRole {
+func columnRoles(cfg config.Config, rules ...*router.Rules) []replication.ColumnRole {
 	c := cfg.Postgres.Columns
 	roles := []replication.ColumnRole{
 		{Column: c.EventID, Key: "postgres.columns.event_id", Required: true},
@@ -160,21 +174,38 @@ func columnRoles(cfg config.Config, rules *router.Rules) []replication.ColumnRol
 			roles[i].Required = true
 		}
 	}
-	for _, col := range rules.TemplateColumns() {
-		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == col })
-		if i < 0 {
-			roles = append(roles, replication.ColumnRole{Column: col, Key: "routing.topic", Required: true})
-		} else {
-			roles[i].Required = true
+	for _, r := range rules {
+		for _, col := range r.TemplateColumns() {
+			i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == col })
+			if i < 0 {
+				roles = append(roles, replication.ColumnRole{Column: col, Key: "routing.topic", Required: true})
+			} else {
+				roles[i].Required = true
+			}
 		}
 	}
 	return roles
+}
+
+// columnRoles are the columns the router reads from the rows of every outbox table.
+func (p *Pipeline) columnRoles() []replication.ColumnRole {
+	return columnRoles(p.cfg, append([]*router.Rules{p.rules}, p.tableRules...)...)
 }
 
 // outbox names the configured outbox table and publication.
 func (p *Pipeline) outbox() replication.Outbox {
 	schema, table := replication.SplitTable(p.cfg.Postgres.Table)
 	return replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication}
+}
+
+// tables names the further outbox tables (the tables list), which share the publication.
+func (p *Pipeline) tables() []replication.Outbox {
+	var out []replication.Outbox
+	for _, t := range p.cfg.Tables {
+		schema, table := replication.SplitTable(t.Name)
+		out = append(out, replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication})
+	}
+	return out
 }
 
 // format is kafka.header_format for the router.
@@ -339,7 +370,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		s.close()
 		return err
 	}
-	v := &verifier{url: cfg.Postgres.URL, cat: s.cat, outbox: p.outbox(), log: p.log, obs: &p.obs, last: res.Verified,
+	v := &verifier{url: cfg.Postgres.URL, cat: s.cat, outbox: p.outbox(), more: p.tables(), log: p.log, obs: &p.obs, last: res.Verified,
 		giveUp: cfg.Postgres.ReceiveTimeout}
 	defer func() { c.verified = v.last }()
 	p.obs.markVerified(time.Now())
@@ -374,7 +405,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		}
 	}
 	stream, err := replication.Start(ctx, conn, replication.Options{
-		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Columns: columnRoles(cfg, p.rules), StartLSN: res.Slot.ConfirmedFlush,
+		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Tables: p.tables(), Columns: p.columnRoles(), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
 		BaseType: p.baseType, Logger: p.log, Counters: &p.Replication,
 	})
@@ -570,7 +601,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 		return nil, err
 	}
 	opts := replication.SetupOptions{
-		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
+		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
 		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
 		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv,
 	}
@@ -590,7 +621,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 	}
 	if err == nil {
 		// What happened to the outbox between the last session and this one.
-		err = res.Verified.Continues(c.verified, p.outbox())
+		err = res.Verified.Continues(c.verified, p.outbox(), p.tables()...)
 	}
 	s.res = res
 	if err != nil {
@@ -694,6 +725,7 @@ type verifier struct {
 	url    string
 	cat    *replication.Catalog // nil after a failure, until reconnected
 	outbox replication.Outbox
+	more   []replication.Outbox // the further outbox tables
 	log    *slog.Logger
 	obs    *observed
 	// last is the last successful verification. A change committed just before its position may not
@@ -764,7 +796,7 @@ func (v *verifier) once(ctx context.Context) error {
 		}
 		v.cat = cat
 	}
-	res, err := v.cat.VerifyOutbox(ctx, v.outbox)
+	res, err := v.cat.VerifyOutbox(ctx, v.outbox, v.more...)
 	if err != nil {
 		if !errors.Is(err, replication.ErrOutboxChanged) {
 			v.close() // the connection may be broken; the next check opens a new one
@@ -777,7 +809,7 @@ func (v *verifier) once(ctx context.Context) error {
 // accept takes a successful check: it must continue the last one, and it moves the confirm limit to
 // the last one's position, whose changes this check has certainly seen.
 func (v *verifier) accept(res replication.Verification) error {
-	if err := res.Continues(v.last, v.outbox); err != nil {
+	if err := res.Continues(v.last, v.outbox, v.more...); err != nil {
 		return err
 	}
 	if !v.failedSince.IsZero() {
@@ -841,7 +873,7 @@ func (p *Pipeline) identify(ctx context.Context) error {
 func (p *Pipeline) newRouter(ctx context.Context, adjust ...func(*router.Options)) (*router.Router, error) {
 	cfg := p.cfg
 	opts := router.Options{
-		Kafka: cfg.Kafka, Rules: p.rules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
+		Kafka: cfg.Kafka, Rules: p.rules, TableRules: p.tableRules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
 		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer,
 	}
 	for _, f := range adjust {

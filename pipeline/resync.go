@@ -80,7 +80,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	if _, err := cat.Setup(ctx, replication.SetupOptions{
-		Outbox: p.outbox(), Slot: cfg.Postgres.Slot, Columns: columnRoles(cfg, p.rules),
+		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
 		CreatePublication: cfg.Postgres.CreatePublication, SkipSlot: true,
 	}); err != nil {
 		return err
@@ -160,7 +160,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 func (p *Pipeline) snapshotColumns() replication.SnapshotColumns {
 	c := p.cfg.Postgres.Columns
 	cols := replication.SnapshotColumns{EventType: c.EventType, AggregateID: c.AggregateID, AggregateVersion: c.AggregateVersion, CreatedAt: c.CreatedAt}
-	for _, r := range columnRoles(p.cfg, p.rules) {
+	for _, r := range p.columnRoles() {
 		cols.Read = append(cols.Read, r.Column)
 	}
 	return cols

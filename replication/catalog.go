@@ -83,6 +83,8 @@ var ErrOutboxChanged = errors.New("the outbox table changed under the stream")
 type SetupOptions struct {
 	// Outbox names the table and publication.
 	Outbox Outbox
+	// Tables are further outbox tables the publication must carry (their Publication is ignored).
+	Tables []Outbox
 	// Slot names the replication slot.
 	Slot string
 	// Columns are the columns the router reads.
@@ -149,34 +151,39 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 			return res, err
 		}
 	}
-	table, err := c.table(ctx, o.Outbox)
-	if err != nil {
-		return res, err
-	}
-	for _, role := range o.Columns {
-		if !slices.Contains(table.columns, role.Column) {
-			if role.Required {
-				return res, fmt.Errorf("%w: outbox table %s has no column %q (%s): set %s to the column's name, or add it (sql/outbox.sql)",
-					ErrNotSetUp, o.Outbox, role.Column, role.Key, role.Key)
+	tables := o.tables()
+	facts := make([]tableFacts, len(tables))
+	for i, t := range tables {
+		var err error
+		if facts[i], err = c.table(ctx, t); err != nil {
+			return res, err
+		}
+		for _, role := range o.Columns {
+			if !slices.Contains(facts[i].columns, role.Column) {
+				if role.Required {
+					return res, fmt.Errorf("%w: outbox table %s has no column %q (%s): set %s to the column's name, or add it (sql/outbox.sql)",
+						ErrNotSetUp, t, role.Column, role.Key, role.Key)
+				}
+				res.Warnings = append(res.Warnings, fmt.Sprintf("outbox table %s has no column %q (%s): records go without it", t, role.Column, role.Key))
 			}
-			res.Warnings = append(res.Warnings, fmt.Sprintf("outbox table %s has no column %q (%s): records go without it", o.Outbox, role.Column, role.Key))
 		}
 	}
 
 	var slot SlotState
+	var err error
 	if !o.SkipSlot {
 		// Read first: a slot that exists decides whether a missing publication may be created.
 		if slot, err = c.Slot(ctx, o.Slot); err != nil {
 			return res, err
 		}
 	}
-	created, warnings, err := c.publication(ctx, o, table, slot.Exists)
+	created, warnings, err := c.publication(ctx, o, facts, slot.Exists)
 	if err != nil {
 		return res, err
 	}
 	res.CreatedPublication = created
 	res.Warnings = append(res.Warnings, warnings...)
-	if res.Verified, err = c.VerifyOutbox(ctx, o.Outbox); err != nil {
+	if res.Verified, err = c.VerifyOutbox(ctx, o.Outbox, o.Tables...); err != nil {
 		return res, err
 	}
 	if o.SkipSlot {
@@ -209,6 +216,21 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	}
 	res.Slot = slot
 	return res, slot.usable(o.Slot)
+}
+
+// tables returns every outbox table, each with the publication: Outbox first, then Tables.
+func (o SetupOptions) tables() []Outbox {
+	return withPublication(o.Outbox, o.Tables)
+}
+
+// withPublication returns o and more, each of more with o's publication.
+func withPublication(o Outbox, more []Outbox) []Outbox {
+	all := []Outbox{o}
+	for _, t := range more {
+		t.Publication = o.Publication
+		all = append(all, t)
+	}
+	return all
 }
 
 // errNoReplication is the refusal of a role that may not stream.
@@ -375,10 +397,11 @@ func MissingPublicationError(o Outbox, slot string) error {
 		ErrOutboxChanged, o.Publication, slot)
 }
 
-// publication checks (or creates) the publication for the table. slotExists says whether the slot
-// exists (then a missing publication is refused, not created).
-func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts, slotExists bool) (created bool, warnings []string, err error) {
+// publication checks (or creates) the publication for the tables (facts in the order of o.tables()).
+// slotExists says whether the slot exists (then a missing publication is refused, not created).
+func (c *Catalog) publication(ctx context.Context, o SetupOptions, facts []tableFacts, slotExists bool) (created bool, warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
+	tables := o.tables()
 	var insert, viaRoot, generated bool
 	gencols := "false"
 	if c.version >= 180000 { // read by Setup just before
@@ -387,26 +410,46 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts,
 	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot, `+gencols+` FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot, &generated)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && !o.CreatePublication:
-		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
-			ErrNotSetUp, o.Outbox.Publication, pub, o.Outbox.qualified())
+		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: %s",
+			ErrNotSetUp, o.Outbox.Publication, CreatePublicationSQL(o.Outbox, 0, o.Tables...))
 	case errors.Is(err, pgx.ErrNoRows) && (slotExists || o.PublicationSeen):
 		return false, nil, MissingPublicationError(o.Outbox, o.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
 		// A publication created now carries generated columns where the server can (18 and later).
-		if err := c.generatedColumnsError(o, t, true, nil); err != nil {
+		for _, t := range facts {
+			if err := c.generatedColumnsError(o, t, true, nil); err != nil {
+				return false, nil, err
+			}
+		}
+		if err := c.CreatePublication(ctx, o.Outbox, o.Tables...); err != nil {
 			return false, nil, err
 		}
-		if err := c.CreatePublication(ctx, o.Outbox); err != nil {
-			return false, nil, err
+		for _, t := range facts {
+			warnings = append(warnings, c.generatedColumns(o, t, true, nil)...)
 		}
-		return true, c.generatedColumns(o, t, true, nil), nil
+		return true, warnings, nil
 	case err != nil:
 		return false, nil, fmt.Errorf("look up publication %q: %w", o.Outbox.Publication, err)
 	case !insert:
 		return false, nil, fmt.Errorf("%w: publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrNotSetUp, o.Outbox.Publication, pub)
-	case t.partitioned && !viaRoot:
-		return false, nil, fmt.Errorf("%w: outbox table %s is partitioned and publication %q does not publish via the partition root, so its rows would arrive under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
-			ErrNotSetUp, o.Outbox, o.Outbox.Publication, pub)
+	}
+	for i, t := range tables {
+		w, err := c.publishes(ctx, o, t, facts[i], viaRoot, generated)
+		if err != nil {
+			return false, nil, err
+		}
+		warnings = append(warnings, w...)
+	}
+	return false, warnings, nil
+}
+
+// publishes checks that the existing publication carries table t (facts f) whole: via the root when
+// it is partitioned, with the columns the router reads.
+func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tableFacts, viaRoot, generated bool) (warnings []string, err error) {
+	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
+	if f.partitioned && !viaRoot {
+		return nil, fmt.Errorf("%w: outbox table %s is partitioned and publication %q does not publish via the partition root, so its rows would arrive under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+			ErrNotSetUp, t, o.Outbox.Publication, pub)
 	}
 	// The table must be in the publication; since PostgreSQL 15 a column list can leave columns out
 	// and a row filter can leave rows out.
@@ -417,32 +460,32 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, t tableFacts,
 	if c.version >= 150000 { // read by Setup just before
 		q = `SELECT true, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	}
-	err = c.conn.QueryRow(ctx, q, o.Outbox.Publication, o.Outbox.Schema, o.Outbox.Table).Scan(&in, &published, &filter)
+	err = c.conn.QueryRow(ctx, q, o.Outbox.Publication, t.Schema, t.Table).Scan(&in, &published, &filter)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, fmt.Errorf("%w: publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s",
-			ErrNotSetUp, o.Outbox.Publication, o.Outbox, pub, o.Outbox.qualified())
+		return nil, fmt.Errorf("%w: publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s",
+			ErrNotSetUp, o.Outbox.Publication, t, pub, t.qualified())
 	}
 	if err != nil {
-		return false, nil, fmt.Errorf("look up the tables of publication %q: %w", o.Outbox.Publication, err)
+		return nil, fmt.Errorf("look up the tables of publication %q: %w", o.Outbox.Publication, err)
 	}
 	for _, role := range o.Columns {
 		// Generated columns are left out of pg_publication_tables' list unless published; they are
 		// checked below.
-		if published != nil && slices.Contains(t.columns, role.Column) && !slices.Contains(t.generated, role.Column) && !slices.Contains(published, role.Column) {
+		if published != nil && slices.Contains(f.columns, role.Column) && !slices.Contains(f.generated, role.Column) && !slices.Contains(published, role.Column) {
 			if role.Required {
-				return false, nil, fmt.Errorf("%w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
-					ErrNotSetUp, o.Outbox.Publication, o.Outbox, role.Column, role.Key, pub, o.Outbox.qualified())
+				return nil, fmt.Errorf("%w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
+					ErrNotSetUp, o.Outbox.Publication, t, role.Column, role.Key, pub, t.qualified())
 			}
-			warnings = append(warnings, fmt.Sprintf("publication %q's column list leaves out %q (%s): records go without it", o.Outbox.Publication, role.Column, role.Key))
+			warnings = append(warnings, fmt.Sprintf("publication %q's column list for %s leaves out %q (%s): records go without it", o.Outbox.Publication, t, role.Column, role.Key))
 		}
 	}
 	if filter != nil {
-		warnings = append(warnings, fmt.Sprintf("publication %q has a row filter on the outbox, %s: rows it leaves out are never delivered", o.Outbox.Publication, *filter))
+		warnings = append(warnings, fmt.Sprintf("publication %q has a row filter on the outbox %s, %s: rows it leaves out are never delivered", o.Outbox.Publication, t, *filter))
 	}
-	if err := c.generatedColumnsError(o, t, generated, published); err != nil {
-		return false, nil, err
+	if err := c.generatedColumnsError(o, f, generated, published); err != nil {
+		return nil, err
 	}
-	return false, append(warnings, c.generatedColumns(o, t, generated, published)...), nil
+	return append(warnings, c.generatedColumns(o, f, generated, published)...), nil
 }
 
 // unpublishedGenerated returns the generated columns the router reads that the publication does not
@@ -500,12 +543,18 @@ func (c *Catalog) generatedColumns(o SetupOptions, t tableFacts, publishesGenera
 // serverVersion (server_version_num): inserts only (so that applications may delete what they insert),
 // via the partition root (so that a partitioned outbox's rows arrive under its own name), and from
 // PostgreSQL 18 on with generated columns (so that a generated event_type reaches the router).
-func CreatePublicationSQL(o Outbox, serverVersion int) string {
+//
+// more are further outbox tables the publication carries (their Publication is ignored).
+func CreatePublicationSQL(o Outbox, serverVersion int, more ...Outbox) string {
 	with := "publish = 'insert', publish_via_partition_root = true"
 	if serverVersion >= 180000 {
 		with += ", publish_generated_columns = stored"
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{o.Publication}.Sanitize(), o.qualified(), with)
+	names := make([]string, 0, 1+len(more))
+	for _, t := range withPublication(o, more) {
+		names = append(names, t.qualified())
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{o.Publication}.Sanitize(), strings.Join(names, ", "), with)
 }
 
 // Verification is one observation that the stream still sees every outbox insert: at LSN the table
@@ -526,13 +575,33 @@ type Verification struct {
 	// back makes a new row, so the membership of two observations shares a row only while the table
 	// stayed in the publication throughout.
 	Membership []string
+	// More are the observations of the further outbox tables VerifyOutbox was given, in their order
+	// (each with the same LSN).
+	More []Verification
 }
 
 // Continues reports, as an error wrapping ErrOutboxChanged, whether something happened between the
 // earlier observation prev and v that the stream cannot have followed: the table or the publication
 // dropped and re-created, or the table removed from the publication and added back. Rows inserted
 // in between may never have been published.
-func (v Verification) Continues(prev Verification, o Outbox) error {
+//
+// more are the further outbox tables, in the order of More.
+func (v Verification) Continues(prev Verification, o Outbox, more ...Outbox) error {
+	if err := v.continues(prev, o); err != nil {
+		return err
+	}
+	for i, t := range withPublication(o, more)[1:] {
+		if i < len(v.More) && i < len(prev.More) {
+			if err := v.More[i].continues(prev.More[i], t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// continues is Continues for one table.
+func (v Verification) continues(prev Verification, o Outbox) error {
 	resync := "rows inserted meanwhile may never have reached the stream; nothing past the last verified position was confirmed. Replay the rows still in the outbox with `outbox-cdc resync`"
 	switch {
 	case prev.TableOID != 0 && v.TableOID != prev.TableOID:
@@ -549,8 +618,9 @@ func (v Verification) Continues(prev Verification, o Outbox) error {
 // VerifyOutbox checks, in one round trip, that the outbox table still exists, has no inheritance
 // children, and is still published (the publication exists, publishes inserts, includes the table, and
 // publishes a partitioned table via its root). A failed check wraps ErrOutboxChanged; on success the
-// Verification says where and by which catalog rows.
-func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, error) {
+// Verification says where and by which catalog rows. more are further outbox tables of the same
+// publication, checked in the same round trip (Verification.More, in their order).
+func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox, more ...Outbox) (Verification, error) {
 	var v Verification
 	version, err := c.serverVersion(ctx)
 	if err != nil {
@@ -564,13 +634,13 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 	// The position is read first, in its own statement: the catalog check's snapshot is then taken
 	// after it, so that every catalog change visible before the position was read is seen.
 	var lsnText string
-	var oid, pubOID *uint32
-	var kind, tables, inSchemas *string
-	var insert, viaRoot, all, member bool
-	var children []string
+	tables := withPublication(o, more)
+	facts := make([]publishedFacts, len(tables))
 	batch := &pgx.Batch{}
 	batch.Queue(`SELECT pg_current_wal_lsn()::text`).QueryRow(func(row pgx.Row) error { return row.Scan(&lsnText) })
-	batch.Queue(`WITH RECURSIVE t AS (SELECT c.oid, c.relkind::text AS kind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
+	for i, t := range tables {
+		f := &facts[i]
+		batch.Queue(`WITH RECURSIVE t AS (SELECT c.oid, c.relkind::text AS kind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3),
 			p AS (SELECT oid, pubinsert, pubviaroot, puballtables FROM pg_publication WHERE pubname = $1),
 			tree(oid, relnamespace) AS (SELECT c.oid, c.relnamespace FROM pg_class c WHERE c.oid = (SELECT oid FROM t)
 				UNION SELECT c.oid, c.relnamespace FROM pg_inherits i JOIN tree ON i.inhrelid = tree.oid JOIN pg_class c ON c.oid = i.inhparent)
@@ -580,10 +650,11 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 			(SELECT string_agg('table:' || pr.oid, ',') FROM pg_publication_rel pr, tree WHERE pr.prpubid = (SELECT oid FROM p) AND pr.prrelid = tree.oid),
 			`+schemas+`,
 			array(SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = (SELECT oid FROM t) AND (SELECT kind FROM t) = 'r' ORDER BY 1)`,
-		o.Publication, o.Schema, o.Table).
-		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&oid, &kind, &pubOID, &insert, &viaRoot, &all, &member, &tables, &inSchemas, &children)
-		})
+			t.Publication, t.Schema, t.Table).
+			QueryRow(func(row pgx.Row) error {
+				return row.Scan(&f.oid, &f.kind, &f.pubOID, &f.insert, &f.viaRoot, &f.all, &f.member, &f.tables, &f.inSchemas, &f.children)
+			})
+	}
 	if err := c.conn.SendBatch(ctx, batch).Close(); err != nil {
 		return v, fmt.Errorf("verify the outbox's publication: %w", err)
 	}
@@ -591,30 +662,55 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox) (Verification, err
 	if err != nil {
 		return v, fmt.Errorf("parse pg_current_wal_lsn %q: %w", lsnText, err)
 	}
-	v.LSN = LSN(lsn)
+	for i, t := range tables {
+		tv, err := facts[i].verification(t)
+		if err != nil {
+			return Verification{LSN: LSN(lsn)}, err
+		}
+		tv.LSN = LSN(lsn)
+		if i == 0 {
+			v = tv
+		} else {
+			v.More = append(v.More, tv)
+		}
+	}
+	return v, nil
+}
+
+// publishedFacts are what VerifyOutbox reads of one table.
+type publishedFacts struct {
+	oid, pubOID                  *uint32
+	kind, tables, inSchemas      *string
+	insert, viaRoot, all, member bool
+	children                     []string
+}
+
+// verification judges the facts of table o.
+func (f publishedFacts) verification(o Outbox) (Verification, error) {
+	var v Verification
 	lost := "rows inserted since are not in the stream; once fixed, rows still in the table can be replayed with `outbox-cdc resync`"
 	switch {
-	case oid == nil:
+	case f.oid == nil:
 		return v, fmt.Errorf("%w: outbox table %s no longer exists (dropped or renamed); %s", ErrOutboxChanged, o, lost)
-	case len(children) > 0:
-		return v, fmt.Errorf("%w: %s; %s", ErrOutboxChanged, inheritanceError(o, children), lost)
-	case pubOID == nil:
+	case len(f.children) > 0:
+		return v, fmt.Errorf("%w: %s; %s", ErrOutboxChanged, inheritanceError(o, f.children), lost)
+	case f.pubOID == nil:
 		return v, fmt.Errorf("%w: publication %q no longer exists; %s", ErrOutboxChanged, o.Publication, lost)
-	case !insert:
+	case !f.insert:
 		return v, fmt.Errorf("%w: publication %q no longer publishes inserts: ALTER PUBLICATION %s SET (publish = 'insert'); %s",
 			ErrOutboxChanged, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), lost)
-	case !member:
+	case !f.member:
 		return v, fmt.Errorf("%w: outbox table %s is no longer in publication %q (removed, or dropped and re-created): ALTER PUBLICATION %s ADD TABLE %s; %s",
 			ErrOutboxChanged, o, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), o.qualified(), lost)
-	case kind != nil && *kind == "p" && !viaRoot:
+	case f.kind != nil && *f.kind == "p" && !f.viaRoot:
 		return v, fmt.Errorf("%w: publication %q stopped publishing via the partition root, so the partitioned outbox's rows arrive under other names: ALTER PUBLICATION %s SET (publish_via_partition_root = true); %s",
 			ErrOutboxChanged, o.Publication, pgx.Identifier{o.Publication}.Sanitize(), lost)
 	}
-	v.TableOID, v.PublicationOID = *oid, *pubOID
-	if all {
+	v.TableOID, v.PublicationOID = *f.oid, *f.pubOID
+	if f.all {
 		v.Membership = append(v.Membership, "all")
 	}
-	for _, list := range []*string{tables, inSchemas} {
+	for _, list := range []*string{f.tables, f.inSchemas} {
 		if list != nil {
 			v.Membership = append(v.Membership, strings.Split(*list, ",")...)
 		}

@@ -171,18 +171,20 @@ func (c *Catalog) CreateTable(ctx context.Context, ddl string) error {
 }
 
 // PublicationSQL is CreatePublicationSQL for this server.
-func (c *Catalog) PublicationSQL(ctx context.Context, o Outbox) (string, error) {
+func (c *Catalog) PublicationSQL(ctx context.Context, o Outbox, more ...Outbox) (string, error) {
 	version, err := c.serverVersion(ctx)
 	if err != nil {
 		return "", err
 	}
-	return CreatePublicationSQL(o, version), nil
+	return CreatePublicationSQL(o, version, more...), nil
 }
 
 // CreatePublication creates the outbox's publication (PublicationSQL). A missing privilege wraps
 // ErrNotSetUp.
-func (c *Catalog) CreatePublication(ctx context.Context, o Outbox) error {
-	stmt, err := c.PublicationSQL(ctx, o)
+//
+// more are further outbox tables the publication carries.
+func (c *Catalog) CreatePublication(ctx context.Context, o Outbox, more ...Outbox) error {
+	stmt, err := c.PublicationSQL(ctx, o, more...)
 	if err != nil {
 		return err
 	}

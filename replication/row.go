@@ -32,6 +32,9 @@ type Row struct {
 	// LSN is the WAL position of the insert. Several rows may share one (COPY, multi-row INSERT);
 	// it is informational only: only a transaction's end LSN is ever confirmed.
 	LSN LSN
+	// Table says which outbox table the row was inserted into: 0 for the stream's Options.Outbox
+	// (and for a snapshot's rows), i+1 for Options.Tables[i].
+	Table int
 	// problem, when not empty, says why a column the router reads could not be decoded: the row
 	// cannot be delivered as it is (Problem), and goes to the dead-letter topic with this reason.
 	problem string
@@ -50,6 +53,9 @@ func (r *Row) Value(name string) ([]byte, bool) {
 	}
 	return nil, false
 }
+
+// OutboxTable returns Table: which outbox table the row was inserted into (the router routes by it).
+func (r *Row) OutboxTable() int { return r.Table }
 
 // TypeOID returns the data type of the named column and true, or false when the table has no such
 // column.
@@ -92,7 +98,8 @@ func pinSessionSettings(params map[string]string) {
 type relation struct {
 	namespace, name string
 	columns         []*pglogrepl.RelationMessageColumn
-	outbox          bool // the configured outbox table
+	outbox          bool // one of the configured outbox tables
+	table           int  // which one (Row.Table)
 	// For the outbox: per column, the base type (a domain's base type, else the column's type) and
 	// whether the router reads it (only those are converted).
 	types []uint32
@@ -111,7 +118,7 @@ func decodeTuple(types *pgtype.Map, rel *relation, tuple []tupleColumn, lsn LSN)
 	if len(tuple) != len(rel.columns) {
 		return Row{}, fmt.Errorf("%w: insert into %s.%s has %d columns, its relation message %d", ErrUnreadable, rel.namespace, rel.name, len(tuple), len(rel.columns))
 	}
-	row := Row{Columns: make([]Column, len(tuple)), LSN: lsn}
+	row := Row{Columns: make([]Column, len(tuple)), LSN: lsn, Table: rel.table}
 	for i, col := range tuple {
 		rc := rel.columns[i]
 		out := Column{Name: rc.Name, TypeOID: rel.types[i]}

@@ -105,6 +105,9 @@ type Options struct {
 	Slot string
 	// Outbox names the outbox table and the publication.
 	Outbox Outbox
+	// Tables are further outbox tables of the same publication (their Publication is ignored): a row
+	// of Tables[i] arrives with Row.Table i+1, a row of Outbox with 0.
+	Tables []Outbox
 	// Columns are the columns the router reads: every Relation message of the outbox is checked
 	// against them, and a missing required column stops the stream before anything past it is
 	// confirmed.
@@ -376,8 +379,8 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 			namespace: m.Namespace,
 			name:      m.RelationName,
 			columns:   m.Columns,
-			outbox:    m.Namespace == s.opts.Outbox.Schema && m.RelationName == s.opts.Outbox.Table,
 		}
+		rel.table, rel.outbox = s.tableIndex(m.Namespace, m.RelationName)
 		if rel.outbox {
 			if err := s.checkColumns(rel, LSN(xld.WALStart)); err != nil {
 				return err
@@ -443,11 +446,26 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 	return s.deliver(ctx, h, row)
 }
 
+// tableIndex returns which outbox table schema.table is (0 for Options.Outbox, i+1 for
+// Options.Tables[i]), and false when it is none of them.
+func (s *Stream) tableIndex(schema, table string) (int, bool) {
+	if schema == s.opts.Outbox.Schema && table == s.opts.Outbox.Table {
+		return 0, true
+	}
+	for i, t := range s.opts.Tables {
+		if schema == t.Schema && table == t.Table {
+			return i + 1, true
+		}
+	}
+	return 0, false
+}
+
 // checkColumns checks a Relation message of the outbox against the columns the router reads. A
 // required column missing (dropped, renamed, or left out of the publication's column list) would turn
 // every later row into a record without its key, type or value: the stream stops before any of them
 // is produced, naming the column and the fix.
 func (s *Stream) checkColumns(rel *relation, at LSN) error {
+	table := Outbox{Schema: rel.namespace, Table: rel.name}
 	for _, role := range s.opts.Columns {
 		if slices.ContainsFunc(rel.columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == role.Column }) {
 			continue
@@ -455,10 +473,10 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 		if role.Required {
 			return fmt.Errorf("%w: from WAL position %s on, the outbox %s has no column %q (%s): it was dropped or renamed, or the publication's column list leaves it out, or it became a generated column (not published before PostgreSQL 18). "+
 				"Restore the column (or its name), or publish it (ALTER PUBLICATION %s SET TABLE %s), or point %s at its new name; nothing past this position was confirmed",
-				ErrOutboxChanged, at, s.opts.Outbox, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), s.opts.Outbox.qualified(), role.Key)
+				ErrOutboxChanged, at, table, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), table.qualified(), role.Key)
 		}
 		s.log.Warn("the outbox's columns changed: an optional column is gone, records go without it",
-			"column", role.Column, "key", role.Key, "lsn", at.String())
+			"table", table.String(), "column", role.Column, "key", role.Key, "lsn", at.String())
 	}
 	return nil
 }

@@ -29,6 +29,9 @@ type Options struct {
 	Kafka config.Kafka
 	// Rules choose each row's topic.
 	Rules *Rules
+	// TableRules choose the topics of the rows of further outbox tables: a row whose OutboxTable is
+	// i+1 (replication.Row's Table) is routed by TableRules[i]; every other row by Rules.
+	TableRules []*Rules
 	// Columns name the outbox columns.
 	Columns config.Columns
 	// Format says which headers carry the event's attributes.
@@ -362,7 +365,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, size, problem, class := resolve(r.opts.Rules, r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
+	rec, size, problem, class := resolve(r.rulesFor(row), r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
 	alone := r.opts.IsolateUntil > 0 && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
 	var info topicInfo
 	var prep *topicPrep
@@ -581,6 +584,21 @@ func (r *Router) checkPartitions(rec *kgo.Record) {
 		r.log.Warn("topic gained partitions while streaming: keys now map to other partitions, so consumers may see a key's new events before its older ones still unread on its old partition",
 			"topic", rec.Topic, "partitions_at_start", info.partitions, "partition_seen", rec.Partition)
 	}
+}
+
+// tableRow is a Row that says which outbox table it comes from (replication.Row does).
+type tableRow interface {
+	OutboxTable() int
+}
+
+// rulesFor returns the rules that route row: those of its outbox table.
+func (r *Router) rulesFor(row Row) *Rules {
+	if tr, ok := row.(tableRow); ok {
+		if i := tr.OutboxTable(); i > 0 && i <= len(r.opts.TableRules) {
+			return r.opts.TableRules[i-1]
+		}
+	}
+	return r.opts.Rules
 }
 
 // resolve builds the record for row with its topic and size, or says why the row can never be

@@ -69,6 +69,20 @@ func (g *Generator) Event(pick int) Event {
 // InsertTx writes events in one transaction; with deleteAfter the rows are deleted in the same
 // transaction, the way applications keep the outbox empty.
 func InsertTx(ctx context.Context, db *pgx.Conn, table string, evs []Event, deleteAfter bool) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := InsertIn(ctx, tx, table, evs, deleteAfter); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// InsertIn writes events into table within tx (a transaction may write to several outbox tables);
+// with deleteAfter the rows are deleted again in tx.
+func InsertIn(ctx context.Context, tx pgx.Tx, table string, evs []Event, deleteAfter bool) error {
 	ids := make([]string, len(evs))
 	types := make([]string, len(evs))
 	aggTypes := make([]string, len(evs))
@@ -83,12 +97,7 @@ func InsertTx(ctx context.Context, db *pgx.Conn, table string, evs []Event, dele
 			headers[i] = &h
 		}
 	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
 		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[], $7::jsonb[])`,
 		ids, types, aggTypes, aggIDs, versions, payloads, headers)
 	if err != nil {
@@ -99,7 +108,7 @@ func InsertTx(ctx context.Context, db *pgx.Conn, table string, evs []Event, dele
 			return fmt.Errorf("delete: %w", err)
 		}
 	}
-	return tx.Commit(ctx)
+	return nil
 }
 
 // insertHeld writes evs in one transaction, the first row at once and the rest after hold.
