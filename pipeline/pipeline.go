@@ -208,6 +208,19 @@ func (p *Pipeline) tables() []replication.Outbox {
 	return out
 }
 
+// allTables names every outbox table: the configured one, then the tables list.
+func (p *Pipeline) allTables() []replication.Outbox {
+	return append([]replication.Outbox{p.outbox()}, p.tables()...)
+}
+
+// rulesOf returns the routing rules of outbox table i (Row.Table).
+func (p *Pipeline) rulesOf(i int) *router.Rules {
+	if i > 0 && i <= len(p.tableRules) {
+		return p.tableRules[i-1]
+	}
+	return p.rules
+}
+
 // format is kafka.header_format for the router.
 func (p *Pipeline) format() router.Format {
 	f := router.Format{CloudEvents: p.cfg.Kafka.HeaderFormat == config.HeaderFormatCloudEvents, Source: p.cfg.EventSource()}

@@ -173,9 +173,13 @@ func (o ResyncOptions) filter() replication.SnapshotFilter {
 // publishSnapshot reads the snapshot's rows and delivers them; it returns once every one is
 // acknowledged.
 func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, srv replication.Server, res *ResyncResult) error {
-	total, err := snap.Count(ctx, p.outbox(), p.snapshotColumns(), o.filter())
-	if err != nil {
-		return err
+	var total int64
+	for _, t := range p.allTables() {
+		n, err := snap.Count(ctx, t, p.snapshotColumns(), o.filter())
+		if err != nil {
+			return err
+		}
+		total += n
 	}
 	if err := p.identify(ctx); err != nil {
 		return err
@@ -208,7 +212,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 			lastProgress = time.Now()
 		}
 	}
-	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
+	err = p.eachSnapshotRow(ctx, snap, o, func(row *replication.Row) error {
 		prepared, err := rt.Prepare(ctx, row, src)
 		if err != nil {
 			return err
@@ -260,6 +264,21 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	return nil
 }
 
+// eachSnapshotRow calls fn for every row of the snapshot that o selects, one outbox table after the
+// other (each row's Table set).
+func (p *Pipeline) eachSnapshotRow(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, fn func(*replication.Row) error) error {
+	for i, t := range p.allTables() {
+		err := snap.Each(ctx, t, p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
+			row.Table = i
+			return fn(row)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // snapshotBatchBytes is the size of one snapshot FETCH: an eighth of limits.max_inflight_bytes, so
 // that the three batches a resync holds while it reads ahead stay well within the records it may
 // have in flight.
@@ -276,8 +295,8 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 	defer func() { _ = snap.Close(context.Background()) }()
 	snap.SetBatchBytes(snapshotBatchBytes(p.cfg.Limits.MaxInFlightBytes))
 	reasons := map[string]int64{}
-	err = snap.Each(ctx, p.outbox(), p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
-		topic, problem := router.Plan(p.rules, p.cfg.Postgres.Columns, p.format(), row, p.cfg.Kafka.MaxMessageBytes)
+	err = p.eachSnapshotRow(ctx, snap, o, func(row *replication.Row) error {
+		topic, problem := router.Plan(p.rulesOf(row.Table), p.cfg.Postgres.Columns, p.format(), row, p.cfg.Kafka.MaxMessageBytes)
 		if problem != nil {
 			topic = "(dead-letter)"
 			reasons[problem.Error()]++
