@@ -151,15 +151,43 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 		ddl := outboxsql.TableDDL(pgx.Identifier{outbox.Schema, outbox.Table}.Sanitize())
 		steps = append(steps, step{ddl, func() error { return cat.CreateTable(ctx, ddl) }})
 	}
+	more := tablesOf(cfg)
+	for _, t := range more {
+		exists, err := cat.TableExists(ctx, t)
+		if err != nil {
+			return err
+		}
+		if exists {
+			continue
+		}
+		if !o.CreateTable {
+			return fmt.Errorf("outbox table %s (tables) does not exist: pass --create-table, or apply sql/outbox.sql with its name", t)
+		}
+		ddl := outboxsql.TableDDL(pgx.Identifier{t.Schema, t.Table}.Sanitize())
+		steps = append(steps, step{ddl, func() error { return cat.CreateTable(ctx, ddl) }})
+	}
 	if !f.PublicationExists && f.SlotExists {
 		return replication.MissingPublicationError(outbox, cfg.Postgres.Slot)
 	}
 	if !f.PublicationExists {
-		stmt, err := cat.PublicationSQL(ctx, outbox)
+		stmt, err := cat.PublicationSQL(ctx, outbox, more...)
 		if err != nil {
 			return err
 		}
-		steps = append(steps, step{stmt, func() error { return cat.CreatePublication(ctx, outbox) }})
+		steps = append(steps, step{stmt, func() error { return cat.CreatePublication(ctx, outbox, more...) }})
+	} else {
+		// A table added to the tables list: its inserts are streamed from the ALTER's commit on (rows
+		// already in it are not: resync replays them).
+		pub, err := cat.Publication(ctx, outbox.Publication)
+		if err != nil {
+			return err
+		}
+		for _, t := range more {
+			if !slices.Contains(pub.Tables, t.String()) {
+				stmt := replication.AddTableSQL(t)
+				steps = append(steps, step{stmt, func() error { return cat.AddTable(ctx, t) }})
+			}
+		}
 	}
 	if !f.SlotExists {
 		steps = append(steps, step{fmt.Sprintf("%s  -- with $1 = %q", replication.CreateSlotSQL, cfg.Postgres.Slot), func() error {
@@ -199,7 +227,7 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 		fmt.Fprintf(w, "done %s\n", firstLine(s.sql))
 	}
 	if len(steps) == 0 {
-		fmt.Fprintf(w, "ok   table %s, publication %s and slot %s exist\n", cfg.Postgres.Table, cfg.Postgres.Publication, cfg.Postgres.Slot)
+		fmt.Fprintf(w, "ok   table %s, publication %s and slot %s exist\n", strings.Join(append([]string{cfg.Postgres.Table}, tableNames(cfg)...), ", "), cfg.Postgres.Publication, cfg.Postgres.Slot)
 	}
 	if err := reportFailover(ctx, w, cat, cfg); err != nil {
 		return err
@@ -259,19 +287,27 @@ func createTopics(ctx context.Context, w io.Writer, cfg config.Config, topics []
 }
 
 // KnownTopics are the topics the routing configuration names in advance: the event_type map, the
-// fallback and dead-letter topics, and a template without placeholders.
+// fallback and dead-letter topics, and a template without placeholders, of every outbox table.
 func KnownTopics(cfg config.Config) []string {
 	set := map[string]bool{}
-	for _, t := range cfg.Routing.Topics {
-		set[t] = true
-	}
-	for _, t := range []string{cfg.Routing.FallbackTopic, cfg.Routing.DLQTopic} {
-		if t != "" {
-			set[t] = true
+	routings := []config.Routing{cfg.Routing}
+	if tables, err := cfg.OutboxTables(); err == nil { // validated with the configuration
+		for _, t := range tables[1:] {
+			routings = append(routings, t.Routing)
 		}
 	}
-	if cfg.Routing.Topic != "" && !strings.ContainsAny(cfg.Routing.Topic, "{}") {
-		set[cfg.Routing.Topic] = true
+	for _, r := range routings {
+		for _, t := range r.Topics {
+			set[t] = true
+		}
+		for _, t := range []string{r.FallbackTopic, r.DLQTopic} {
+			if t != "" {
+				set[t] = true
+			}
+		}
+		if r.Topic != "" && !strings.ContainsAny(r.Topic, "{}") {
+			set[r.Topic] = true
+		}
 	}
 	out := make([]string, 0, len(set))
 	for t := range set {
@@ -285,6 +321,25 @@ func KnownTopics(cfg config.Config) []string {
 func outboxOf(cfg config.Config) replication.Outbox {
 	schema, table := replication.SplitTable(cfg.Postgres.Table)
 	return replication.Outbox{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}
+}
+
+// tablesOf names the further outbox tables (the tables list), each with the publication.
+func tablesOf(cfg config.Config) []replication.Outbox {
+	var out []replication.Outbox
+	for _, t := range cfg.Tables {
+		schema, table := replication.SplitTable(t.Name)
+		out = append(out, replication.Outbox{Schema: schema, Table: table, Publication: cfg.Postgres.Publication})
+	}
+	return out
+}
+
+// tableNames are the names of the tables list.
+func tableNames(cfg config.Config) []string {
+	var out []string
+	for _, t := range cfg.Tables {
+		out = append(out, t.Name)
+	}
+	return out
 }
 
 func firstLine(s string) string {

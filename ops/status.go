@@ -27,6 +27,9 @@ type Status struct {
 	Publication replication.PublicationState `json:"publication"`
 	Outbox      replication.OutboxState      `json:"outbox"`
 	Kafka       KafkaReport                  `json:"kafka"`
+	// Tables are the further outbox tables of the source (the tables list), which share its slot
+	// and publication.
+	Tables []replication.OutboxState `json:"tables,omitempty"`
 	// Checkpoint is the exactly-once mode's last checkpoint; nil in at-least-once mode.
 	Checkpoint *CheckpointReport `json:"checkpoint,omitempty"`
 	// Failover says whether the slot survives a failover: the primary's settings and each standby
@@ -167,6 +170,14 @@ func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.O
 	}
 	if st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt); err != nil {
 		return err
+	}
+	st.Tables = nil
+	for _, t := range tablesOf(cfg) {
+		state, err := cat.OutboxState(ctx, t, cfg.Postgres.Columns.CreatedAt)
+		if err != nil {
+			return err
+		}
+		st.Tables = append(st.Tables, state)
 	}
 	if st.Failover, err = gatherFailover(ctx, cat, cfg.Postgres.Slot, cfg.Postgres.StandbyURLs); err != nil {
 		return err
@@ -339,18 +350,19 @@ func (st Status) Print(w io.Writer) {
 	section("publication", p.Name, p.Exists, func() {
 		fmt.Fprintf(tw, "  publishes inserts\t%t\n  tables\t%s\n", p.PublishInsert, strings.Join(p.Tables, ", "))
 	})
-	o := st.Outbox
-	section("outbox", o.Table, o.Exists, func() {
-		rows := fmt.Sprintf("%d", o.RowEstimate)
-		if o.RowsAtLeast {
-			rows = "at least " + rows
-		}
-		oldest := "none (the table is empty)"
-		if o.OldestAgeSeconds != nil {
-			oldest = (time.Duration(*o.OldestAgeSeconds) * time.Second).String()
-		}
-		fmt.Fprintf(tw, "  rows\t%s\n  oldest row\t%s\n", rows, oldest)
-	})
+	for _, o := range append([]replication.OutboxState{st.Outbox}, st.Tables...) {
+		section("outbox", o.Table, o.Exists, func() {
+			rows := fmt.Sprintf("%d", o.RowEstimate)
+			if o.RowsAtLeast {
+				rows = "at least " + rows
+			}
+			oldest := "none (the table is empty)"
+			if o.OldestAgeSeconds != nil {
+				oldest = (time.Duration(*o.OldestAgeSeconds) * time.Second).String()
+			}
+			fmt.Fprintf(tw, "  rows\t%s\n  oldest row\t%s\n", rows, oldest)
+		})
+	}
 	k := st.Kafka
 	fmt.Fprintf(tw, "kafka\t%s\n  reachable\t%t\n", strings.Join(k.Brokers, ","), k.Reachable)
 	if c := st.Checkpoint; c != nil {

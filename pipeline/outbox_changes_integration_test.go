@@ -249,6 +249,7 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 		name, before, after string
 		into                string // where the unpublished row goes: %[1]s is the outbox
 		restartRefused      bool   // a new router refuses as well
+		second              bool   // the change is to the second of two outbox tables of the source
 	}{
 		{name: "removed from the publication", before: "ALTER PUBLICATION %[2]s DROP TABLE %[1]s"},
 		{name: "dropped and re-created", before: "DROP TABLE %[1]s; " + table},
@@ -257,29 +258,41 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 		{name: "publication dropped", before: "DROP PUBLICATION %[2]s", restartRefused: true},
 		{name: "publication dropped and re-created", before: "DROP PUBLICATION %[2]s", after: "CREATE PUBLICATION %[2]s FOR TABLE %[1]s WITH (publish = 'insert')"},
 		{name: "inheritance child", before: "CREATE TABLE %[1]s_child () INHERITS (%[1]s)", into: "%[1]s_child", restartRefused: true},
+		{name: "second table removed from the publication", before: "ALTER PUBLICATION %[2]s DROP TABLE %[1]s", second: true},
+		{name: "second table removed and added back", before: "ALTER PUBLICATION %[2]s DROP TABLE %[1]s", after: "ALTER PUBLICATION %[2]s ADD TABLE %[1]s", second: true},
+		{name: "second table dropped and re-created into the publication", before: "DROP TABLE %[1]s; " + table, after: "ALTER PUBLICATION %[2]s ADD TABLE %[1]s", second: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := testenv.NewFixture(t)
 			t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+f.Table+"_child") })
 			cfg := testConfig(f)
-			p, done := runUntilStreaming(t, cfg)
+			changed := f.Table
 			ctx := context.Background()
+			if tt.second {
+				g := testenv.NewFixtureIn(t, f)
+				if _, err := f.DB.Exec(ctx, "ALTER PUBLICATION "+f.Publication+" ADD TABLE "+g.Table); err != nil {
+					t.Fatal(err)
+				}
+				cfg = withTables(t, cfg, g)
+				changed = g.Table
+			}
+			p, done := runUntilStreaming(t, cfg)
 			// Every change comes right after the one before: faster than the verifier checks.
-			if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.before, f.Table, f.Publication)); err != nil {
+			if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.before, changed, f.Publication)); err != nil {
 				t.Fatal(err)
 			}
 			unpublished := testenv.MustLSN(t, currentLSN(t, f))
-			into := f.Table
+			into := changed
 			if tt.into != "" {
-				into = fmt.Sprintf(tt.into, f.Table)
+				into = fmt.Sprintf(tt.into, changed)
 			}
 			gen := testenv.NewGenerator(1, "Unpublished")
 			if err := testenv.InsertTx(ctx, f.DB, into, []testenv.Event{gen.Event(0)}, false); err != nil {
 				t.Fatal(err)
 			}
 			if tt.after != "" {
-				if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.after, f.Table, f.Publication)); err != nil {
+				if _, err := f.DB.Exec(ctx, fmt.Sprintf(tt.after, changed, f.Publication)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -288,6 +301,9 @@ func TestOutboxLeavesThePublication(t *testing.T) {
 			case err := <-done:
 				if !errors.Is(err, replication.ErrOutboxChanged) || !strings.Contains(err.Error(), "resync") {
 					t.Fatalf("run returned %v, want ErrOutboxChanged pointing at resync", err)
+				}
+				if tt.second && !strings.Contains(err.Error(), strings.TrimPrefix(changed, "public.")) && !strings.Contains(err.Error(), f.Publication) {
+					t.Fatalf("run returned %v, want it to name %s", err, changed)
 				}
 				t.Logf("stopped: %v", err)
 			case <-time.After(time.Minute):

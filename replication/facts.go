@@ -197,6 +197,33 @@ func (c *Catalog) CreatePublication(ctx context.Context, o Outbox, more ...Outbo
 	return nil
 }
 
+// AddTableSQL is the statement that adds outbox table o to its publication.
+func AddTableSQL(o Outbox) string {
+	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{o.Publication}.Sanitize(), o.qualified())
+}
+
+// AddTable adds outbox table o to its publication (AddTableSQL): its inserts are published from the
+// statement's commit on. A missing privilege wraps ErrNotSetUp.
+func (c *Catalog) AddTable(ctx context.Context, o Outbox) error {
+	if _, err := c.conn.Exec(ctx, AddTableSQL(o)); err != nil {
+		if isPrivilegeError(err) {
+			return fmt.Errorf("%w: add %s to publication %q: %w", ErrNotSetUp, o, o.Publication, err)
+		}
+		return fmt.Errorf("add %s to publication %q: %w", o, o.Publication, err)
+	}
+	return nil
+}
+
+// TableExists reports whether table o exists.
+func (c *Catalog) TableExists(ctx context.Context, o Outbox) (bool, error) {
+	var exists bool
+	if err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`,
+		o.Schema, o.Table).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up table %s: %w", o, err)
+	}
+	return exists, nil
+}
+
 // CreateSlotSQL is the statement CreateSlot runs, with the slot's name as its parameter.
 const CreateSlotSQL = `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`
 
