@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,7 +53,8 @@ func (in *fleetInstance) active(t *testing.T) []string {
 }
 
 // TestFleetSharesSources: three instances started with one sources list of eight sources (seven
-// databases, one of them with a second outbox table) share them through the consumer group, with a
+// databases, one of them with a second outbox table; and src1 with a second table of its own in its
+// tables list) share them through the consumer group, with a
 // writer on every source all along: every source streams on exactly one instance within 60 s, spread
 // evenly; after an instance is SIGKILLed its sources stream again on the others (the time is logged;
 // the goal is 15 s); a new instance takes its share; an instance stopped with SIGTERM hands its
@@ -67,6 +69,9 @@ func TestFleetSharesSources(t *testing.T) {
 		writers  [nSources]*testenv.Writer
 		written  [nSources][]testenv.Event
 		entries  strings.Builder
+		// extra is src1's second outbox table (the tables list), with its writer.
+		extra       *testenv.Fixture
+		extraWriter *testenv.Writer
 	)
 	for i := range nSources {
 		var f *testenv.Fixture
@@ -79,6 +84,14 @@ func TestFleetSharesSources(t *testing.T) {
 		gens[i] = testenv.NewGenerator(8, types...)
 		fmt.Fprintf(&entries, "  - name: src%d\n    postgres: {url: %q, table: %s, slot: %s, publication: %s}\n    routing: {topic: %q}\n",
 			i, f.PostgresURL, f.Table, f.Slot, f.Publication, f.TopicPrefix+".{event_type}")
+		if i == 1 {
+			// src1 holds a second outbox table of its database, through its own slot and publication.
+			extra = testenv.NewFixtureIn(t, f)
+			if _, err := f.DB.Exec(context.Background(), "ALTER PUBLICATION "+f.Publication+" ADD TABLE "+extra.Table); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&entries, "    tables: [{table: %s, routing: {topic: %q}}]\n", extra.Table, extra.TopicPrefix+".{event_type}")
+		}
 	}
 	f0 := fixtures[0]
 	cfgFile := filepath.Join(t.TempDir(), "fleet.yaml")
@@ -149,6 +162,7 @@ sources:
 	for i := range nSources {
 		startWriter(i)
 	}
+	extraWriter = testenv.StartWriter(t, extra, testenv.NewGenerator(8, types...), 3, 50*time.Millisecond, false)
 	time.Sleep(2 * time.Second)
 
 	// SIGKILL the instance with the most sources: they stream again on the other two.
@@ -222,4 +236,11 @@ sources:
 		dups := testenv.VerifyDelivery(t, f, written[i], got)
 		t.Logf("src%d: %d events, %d duplicates", i, len(written[i]), dups)
 	}
+	extraWritten, err := extraWriter.Stop()
+	if err != nil {
+		t.Fatalf("writer of src1's second table: %v", err)
+	}
+	got := testenv.ConsumeDistinct(t, extra.Brokers, testenv.TopicsOf(extra, types...), len(extraWritten), 2*time.Minute, testenv.ConsumerOpts()...)
+	dups := testenv.VerifyDelivery(t, extra, extraWritten, got)
+	t.Logf("src1's second table %s: %d events, %d duplicates", extra.Table, len(extraWritten), dups)
 }
