@@ -159,6 +159,9 @@ sources:
 
 	a, b, c := start(), start(), start()
 	settled("three instances started together: every source active once, spread evenly", []*fleetInstance{a, b, c}, 60*time.Second)
+	if s := sourceIn(apiView(t, a.addr), "src1"); len(s.Tables) != 1 || s.Tables[0] != extra.Table {
+		t.Errorf("/api/sources shows src1's further tables as %v, want [%s]", s.Tables, extra.Table)
+	}
 	for i := range nSources {
 		startWriter(i)
 	}

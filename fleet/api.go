@@ -51,8 +51,10 @@ type SourceView struct {
 	// Database (user@host:port/db, no password), Table, Slot and Delivery describe the source.
 	Database string `json:"database"`
 	Table    string `json:"table"`
-	Slot     string `json:"slot"`
-	Delivery string `json:"delivery"`
+	// Tables are the source's further outbox tables (its tables list), which share its slot.
+	Tables   []string `json:"tables,omitempty"`
+	Slot     string   `json:"slot"`
+	Delivery string   `json:"delivery"`
 	// LagBytes is the slot's lag behind the server's WAL; SecondsBehind the age of the oldest
 	// unacknowledged transaction; null when not known here.
 	LagBytes      *int64   `json:"lag_bytes"`
@@ -87,6 +89,9 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 		sv := SourceView{
 			Name: cfg.Name, Owner: owners[cfg.Name], Here: assigned, Paused: pause.Paused,
 			Database: f.scrub(cfg.PostgresTarget()), Table: cfg.Postgres.Table, Slot: cfg.Postgres.Slot, Delivery: cfg.Kafka.Delivery,
+		}
+		for _, t := range cfg.Tables {
+			sv.Tables = append(sv.Tables, t.Name)
 		}
 		if pause.Paused {
 			sv.PausedBy = f.scrub(pause.By)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
@@ -52,8 +54,8 @@ func (p *fleetProc) active() []string {
 	return out
 }
 
-// runFleet is the fleet mode: n sources (tables of the local database) shared by three instances
-// through the consumer group, written to all the while, and an instance killed (SIGKILL, or SIGTERM
+// runFleet is the fleet mode: n sources (tables of the local database; the first with a second
+// outbox table in its tables list) shared by three instances through the consumer group, written to all the while, and an instance killed (SIGKILL, or SIGTERM
 // one time in four) and replaced every o.every. Each time it measures how long until every source
 // streams again; at the end it checks every source's events as the single-router mode does.
 func runFleet(ctx context.Context, o options, n int) (bool, error) {
@@ -68,6 +70,7 @@ func runFleet(ctx context.Context, o options, n int) (bool, error) {
 	per := o
 	per.rate = max(o.rate/n, 2)
 	var sources []*suite
+	var extra *suite // s0's second outbox table
 	var entries strings.Builder
 	for i := range n {
 		s := &suite{o: per, pgURL: e["OUTBOX_CDC_POSTGRES"], adminURL: e["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], brokers: strings.Split(e["OUTBOX_CDC_BROKERS"], ","),
@@ -78,9 +81,30 @@ func runFleet(ctx context.Context, o options, n int) (bool, error) {
 		}
 		defer s.cleanup()
 		sources = append(sources, s)
-		fmt.Fprintf(&entries, "  - {name: s%d, postgres: {url: %q, table: %s, slot: %s, publication: %s}, routing: {topic: %q}}\n",
-			i, s.pgURL, s.table, s.slot, s.pub, s.pfx+".{event_type}")
+		tables := ""
+		if i == 0 {
+			// s0 holds a second outbox table (its tables list), through its slot and publication.
+			x := &suite{o: per, pgURL: s.pgURL, adminURL: s.adminURL, brokers: s.brokers,
+				table: s.table + "_b", pub: s.pub + "_b", slot: s.slot,
+				pfx: s.pfx + "-b", faults: map[string]int{}}
+			if err := x.setup(ctx); err != nil {
+				return false, err
+			}
+			defer x.cleanup()
+			if err := x.admin(ctx, func(c *pgx.Conn) error {
+				_, err := c.Exec(ctx, "ALTER PUBLICATION "+s.pub+" ADD TABLE "+x.table)
+				return err
+			}); err != nil {
+				return false, err
+			}
+			tables = fmt.Sprintf(", tables: [{table: %s, routing: {topic: %q}}]", x.table, x.pfx+".{event_type}")
+			extra = x
+		}
+		fmt.Fprintf(&entries, "  - {name: s%d, postgres: {url: %q, table: %s, slot: %s, publication: %s}, routing: {topic: %q}%s}\n",
+			i, s.pgURL, s.table, s.slot, s.pub, s.pfx+".{event_type}", tables)
 	}
+	// Written and checked like a source of its own.
+	written := append(slices.Clone(sources), extra)
 	cfgFile := filepath.Join(".dev/chaos", id+".fleet.yaml")
 	doc := fmt.Sprintf(`kafka: {brokers: [%q], delivery: %s, checkpoint_topic: chaos-%s.checkpoints, record_timestamp: produce}
 postgres: {status_interval: 2s, receive_timeout: 5s, standby_poll_interval: 500ms}
@@ -160,7 +184,7 @@ sources:
 	began := time.Now()
 	wctx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
-	for _, s := range sources {
+	for _, s := range written {
 		s.newLedger()
 		for w := range 2 {
 			writers.Add(1)
@@ -207,7 +231,7 @@ sources:
 	var total struct{ events, missing, violations, wrong, dups int }
 	var problems []string
 	caughtUp := true
-	for _, s := range sources {
+	for _, s := range written {
 		if err := s.waitCaughtUp(context.Background(), s.currentLSN(context.Background()), o.recoverWait); err != nil {
 			caughtUp = false
 			problems = append(problems, s.pfx+": "+err.Error())
@@ -229,8 +253,8 @@ sources:
 	if k := len(takeovers); k > 0 {
 		median, worst = takeovers[k/2], takeovers[k-1]
 	}
-	fmt.Printf("chaos fleet: delivery=%s sources=%d instances=%d events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=kill:%d,term:%d takeover_median=%s takeover_max=%s unrecovered=%d duration=%s\n",
-		o.delivery, n, fleetInstances, total.events, total.missing, total.violations, total.wrong, total.dups, faults["kill"], faults["term"],
+	fmt.Printf("chaos fleet: delivery=%s sources=%d tables=%d instances=%d events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=kill:%d,term:%d takeover_median=%s takeover_max=%s unrecovered=%d duration=%s\n",
+		o.delivery, n, len(written), fleetInstances, total.events, total.missing, total.violations, total.wrong, total.dups, faults["kill"], faults["term"],
 		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), unrecovered, time.Since(began).Round(time.Second))
 	for i, p := range problems {
 		if i == 20 {
