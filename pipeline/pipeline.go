@@ -51,6 +51,8 @@ type Pipeline struct {
 	skippedRows atomic.Int64
 	// tracer, if not nil, records the records' spans.
 	tracer trace.Tracer
+	// rowsPerPart, when not zero, replaces rowsPerPart (tests read small tables in parts).
+	rowsPerPart int64
 }
 
 // Option configures a Pipeline.

@@ -133,12 +133,22 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}
 	res.ConsistentPoint = cp
 	p.log.Info("created replication slot with snapshot", "slot", cfg.Postgres.Slot, "consistent_point", cp.String())
-	snap, err := replication.OpenSnapshot(ctx, cfg.Postgres.URL, name)
-	if err != nil {
-		return err
+	// Two connections share the exported snapshot: while the rows of one part of the table are
+	// published from one, PostgreSQL sorts the next part on the other (replication.EachInParts).
+	var snaps []*replication.Snapshot
+	defer func() {
+		for _, snap := range snaps {
+			_ = snap.Close(context.Background())
+		}
+	}()
+	for range snapshotConnections {
+		snap, err := replication.OpenSnapshot(ctx, cfg.Postgres.URL, name)
+		if err != nil {
+			return err
+		}
+		snap.SetBatchBytes(snapshotBatchBytes(cfg.Limits.MaxInFlightBytes))
+		snaps = append(snaps, snap)
 	}
-	defer func() { _ = snap.Close(context.Background()) }()
-	snap.SetBatchBytes(snapshotBatchBytes(cfg.Limits.MaxInFlightBytes))
 	// The snapshot lives on in snap's transaction: the exporting connection may run another command,
 	// and is then no longer needed.
 	if failover, err := cat.WantFailover(ctx, cfg.Postgres.FailoverSlot); err != nil {
@@ -150,7 +160,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}
 	_ = repl.Close(ctx)
 
-	if err := p.publishSnapshot(ctx, snap, o, cp, srv, res); err != nil {
+	if err := p.publishSnapshot(ctx, snaps, o, cp, srv, res); err != nil {
 		return err
 	}
 	return cat.DropResyncMarker(ctx, cfg.Postgres.Slot)
@@ -172,13 +182,15 @@ func (o ResyncOptions) filter() replication.SnapshotFilter {
 
 // publishSnapshot reads the snapshot's rows and delivers them; it returns once every one is
 // acknowledged.
-func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, srv replication.Server, res *ResyncResult) error {
+func (p *Pipeline) publishSnapshot(ctx context.Context, snaps []*replication.Snapshot, o ResyncOptions, cp checkpoint.LSN, srv replication.Server, res *ResyncResult) error {
 	var total int64
+	var counts []int64
 	for _, t := range p.allTables() {
-		n, err := snap.Count(ctx, t, p.snapshotColumns(), o.filter())
+		n, err := snaps[0].Count(ctx, t, p.snapshotColumns(), o.filter())
 		if err != nil {
 			return err
 		}
+		counts = append(counts, n)
 		total += n
 	}
 	if err := p.identify(ctx); err != nil {
@@ -212,7 +224,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 			lastProgress = time.Now()
 		}
 	}
-	err = p.eachSnapshotRow(ctx, snap, o, func(row *replication.Row) error {
+	err = p.eachSnapshotRow(ctx, snaps, o, counts, func(row *replication.Row) error {
 		prepared, err := rt.Prepare(ctx, row, src)
 		if err != nil {
 			return err
@@ -264,11 +276,35 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snap *replication.Snapsh
 	return nil
 }
 
+// snapshotConnections is how many connections a resync reads its snapshot on.
+const snapshotConnections = 2
+
+// rowsPerPart is about how many rows of a table one part of a resync holds (snapshotParts).
+const rowsPerPart = 500_000
+
+// snapshotParts is how many parts a table of n rows is read in: one per per rows (rowsPerPart unless
+// a test sets Pipeline.rowsPerPart), at most 8.
+// PostgreSQL sorts each part on its own, the next one while the one before is published, so the
+// first rows go out after the sort of one part rather than of the whole table; each part costs a
+// scan of the table.
+func snapshotParts(n, per int64) int {
+	return int(min(max((n+per-1)/per, 1), 8))
+}
+
 // eachSnapshotRow calls fn for every row of the snapshot that o selects, one outbox table after the
-// other (each row's Table set).
-func (p *Pipeline) eachSnapshotRow(ctx context.Context, snap *replication.Snapshot, o ResyncOptions, fn func(*replication.Row) error) error {
+// other (each row's Table set). counts, when not nil, are the tables' row counts: a large table is
+// read in parts over every connection of snaps (replication.EachInParts).
+func (p *Pipeline) eachSnapshotRow(ctx context.Context, snaps []*replication.Snapshot, o ResyncOptions, counts []int64, fn func(*replication.Row) error) error {
 	for i, t := range p.allTables() {
-		err := snap.Each(ctx, t, p.snapshotColumns(), o.filter(), func(row *replication.Row) error {
+		parts := 1
+		if i < len(counts) {
+			per := p.rowsPerPart
+			if per <= 0 {
+				per = rowsPerPart
+			}
+			parts = snapshotParts(counts[i], per)
+		}
+		err := replication.EachInParts(ctx, snaps, t, p.snapshotColumns(), o.filter(), parts, func(row *replication.Row) error {
 			row.Table = i
 			return fn(row)
 		})
@@ -295,7 +331,7 @@ func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult
 	defer func() { _ = snap.Close(context.Background()) }()
 	snap.SetBatchBytes(snapshotBatchBytes(p.cfg.Limits.MaxInFlightBytes))
 	reasons := map[string]int64{}
-	err = p.eachSnapshotRow(ctx, snap, o, func(row *replication.Row) error {
+	err = p.eachSnapshotRow(ctx, []*replication.Snapshot{snap}, o, nil, func(row *replication.Row) error {
 		topic, problem := router.Plan(p.rulesOf(row.Table), p.cfg.Postgres.Columns, p.format(), row, p.cfg.Kafka.MaxMessageBytes)
 		if problem != nil {
 			topic = "(dead-letter)"

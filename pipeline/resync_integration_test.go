@@ -36,6 +36,7 @@ func TestResyncNoGapNoOverlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.rowsPerPart = 4000 // the snapshot in parts over two connections (6 here), as a large table is read
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var res ResyncResult

@@ -132,6 +132,7 @@ func TestResyncOfSeveralTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.rowsPerPart = 1000 // each table in parts
 	var out strings.Builder
 	dry, err := p.Resync(context.Background(), ResyncOptions{DryRun: true, Out: &out})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,11 +96,22 @@ func (s *Snapshot) Close(ctx context.Context) error {
 
 // where builds the filter's WHERE clause with parameters.
 func where(cols SnapshotColumns, f SnapshotFilter) (string, []any, error) {
+	return wherePart(cols, f, 0, 1)
+}
+
+// wherePart is where for part of parts: the rows whose aggregate hashes to part (every row when parts
+// is 1). A NULL aggregate hashes as 0, so that no row falls out of every part.
+func wherePart(cols SnapshotColumns, f SnapshotFilter, part, parts int) (string, []any, error) {
 	var conds []string
 	var args []any
 	add := func(cond string, arg any) {
 		args = append(args, arg)
 		conds = append(conds, fmt.Sprintf(cond, len(args)))
+	}
+	if parts > 1 {
+		args = append(args, parts, part)
+		conds = append(conds, fmt.Sprintf("(coalesce(hashtext(%s::text), 0) & 2147483647) %% $%d = $%d",
+			pgx.Identifier{cols.AggregateID}.Sanitize(), len(args)-1, len(args)))
 	}
 	if (!f.Since.IsZero() || !f.Until.IsZero()) && cols.CreatedAt == "" {
 		return "", nil, errors.New("a time filter needs postgres.columns.created_at")
@@ -156,8 +168,16 @@ const cursorName = "outbox_cdc_snapshot"
 // on the aggregate does); then created-at; then, within a transaction, by statement (cmin); and last
 // by physical position, which is insertion order only within one statement (a multi-row INSERT or
 // COPY into reused space may not be). ctid alone is not insertion order once vacuumed space is reused.
+//
+// Aggregates are grouped by their text in the "C" collation (byte order): any grouping keeps each
+// aggregate's events together and in order, and byte order is the cheapest to sort by.
 func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter, fn func(*Row) error) error {
-	w, args, err := where(cols, f)
+	return s.eachPart(ctx, o, cols, f, 0, 1, fn)
+}
+
+// eachPart is Each for the rows whose aggregate hashes to part of parts.
+func (s *Snapshot) eachPart(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter, part, parts int, fn func(*Row) error) error {
+	w, args, err := wherePart(cols, f, part, parts)
 	if err != nil {
 		return err
 	}
@@ -165,7 +185,7 @@ func (s *Snapshot) Each(ctx context.Context, o Outbox, cols SnapshotColumns, f S
 	if err := s.conn.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp')::bool").Scan(&commitTimes); err != nil {
 		return fmt.Errorf("read track_commit_timestamp: %w", err)
 	}
-	order := []string{pgx.Identifier{cols.AggregateID}.Sanitize()}
+	order := []string{pgx.Identifier{cols.AggregateID}.Sanitize() + `::text COLLATE "C"`}
 	if cols.AggregateVersion != "" {
 		order = append(order, pgx.Identifier{cols.AggregateVersion}.Sanitize())
 	}
@@ -295,4 +315,112 @@ func (s *Snapshot) fetch(ctx context.Context, quit <-chan struct{}, out chan<- f
 			return
 		}
 	}
+}
+
+// EachInParts is Each over several snapshot connections that share one exported snapshot: the rows
+// are split into parts by a hash of their aggregate (every aggregate's events in one part, in
+// order), and part i+1 is read — PostgreSQL sorts it — on the next connection while part i is handed
+// to fn. fn receives part 0's rows, then part 1's, and so on, on the caller's goroutine. With one
+// part it is Each. After an error the snapshots may be unusable (a read cut short closes its
+// connection): close them. Each connection holds what Each holds (three batches) and one batch of decoded
+// rows waiting for fn.
+func EachInParts(ctx context.Context, snaps []*Snapshot, o Outbox, cols SnapshotColumns, f SnapshotFilter, parts int, fn func(*Row) error) error {
+	if len(snaps) == 0 {
+		return errors.New("EachInParts without a snapshot")
+	}
+	if parts <= 1 {
+		return snaps[0].Each(ctx, o, cols, f, fn)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	// One channel per part; the connections take the parts in turn (part i on connection i mod n),
+	// each one part after the other, so a connection starts its next part once fn has had the last.
+	outs := make([]chan partRows, parts)
+	for i := range outs {
+		outs[i] = make(chan partRows, 1)
+	}
+	var wg sync.WaitGroup
+	for c, snap := range snaps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for part := c; part < parts; part += len(snaps) {
+				if !snap.sendPart(ctx, o, cols, f, part, parts, outs[part]) {
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait() // every reader ends, its connection free again
+	}()
+	for part := range parts {
+		for done := false; !done; {
+			select {
+			case b, ok := <-outs[part]:
+				switch {
+				case !ok:
+					// A part cut short by the end of ctx is closed without an error: say so.
+					if err := ctx.Err(); err != nil {
+						return err
+					}
+					done = true
+				case b.err != nil:
+					return b.err
+				default:
+					for i := range b.rows {
+						if err := fn(&b.rows[i]); err != nil {
+							return err
+						}
+					}
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
+}
+
+// partRows are decoded rows of one part, or the error that ended it.
+type partRows struct {
+	rows []Row
+	err  error
+}
+
+// partBatchRows is how many decoded rows EachInParts hands over at a time.
+const partBatchRows = 256
+
+// sendPart reads part into out, in batches, and closes out; it reports whether it read the part to
+// its end (false: ctx ended or reading failed, and the error, if any, was sent).
+func (s *Snapshot) sendPart(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter, part, parts int, out chan<- partRows) bool {
+	defer close(out)
+	var batch []Row
+	send := func(b partRows) error {
+		select {
+		case out <- b:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	err := s.eachPart(ctx, o, cols, f, part, parts, func(row *Row) error {
+		batch = append(batch, *row)
+		if len(batch) < partBatchRows {
+			return nil
+		}
+		b := batch
+		batch = nil
+		return send(partRows{rows: b})
+	})
+	if err == nil && len(batch) > 0 {
+		err = send(partRows{rows: batch})
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			_ = send(partRows{err: err})
+		}
+		return false
+	}
+	return true
 }
