@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -17,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 )
 
 // target is one system's private objects: its table, publication, slot and topic. Both systems get
@@ -373,6 +376,15 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 // drain waits until Kafka holds every backlog event of the target and its slot confirmed past them.
 func (b *bench) drain(ctx context.Context, pid int, t *target, events int, m *measured) error {
 	start := time.Now()
+	var committed func() pglogrepl.LSN
+	if t.exactlyOnce() {
+		var stop func()
+		var err error
+		if committed, stop, err = b.watchCheckpoints(ctx, t.topic+".checkpoints"); err != nil {
+			return err
+		}
+		defer stop()
+	}
 	deadline := start.Add(10 * time.Minute)
 	for m.drain == 0 || m.confirmed == 0 {
 		now := time.Now()
@@ -386,16 +398,18 @@ func (b *bench) drain(ctx context.Context, pid int, t *target, events int, m *me
 				m.firstRecord = time.Since(start)
 			}
 			// In exactly-once mode the offsets count transaction markers too, and records are
-			// delivered only once committed: the slot's confirm, which follows the commit, says when.
-			if n >= int64(events) && !t.exactlyOnce() {
+			// delivered only once committed: the checkpoint committed with the last of them says when
+			// (not the slot's confirm, which waits for the next status update).
+			if t.exactlyOnce() {
+				if committed() >= t.lastTxLSN {
+					m.drain = time.Since(start)
+				}
+			} else if n >= int64(events) {
 				m.drain = time.Since(start)
 			}
 		}
 		if m.confirmed == 0 && b.confirmedLSN(ctx, t.slot) >= t.lastTxLSN {
 			m.confirmed = time.Since(start)
-			if t.exactlyOnce() {
-				m.drain = m.confirmed
-			}
 		}
 		if m.drain > 0 && m.confirmed == 0 && time.Since(start) > m.drain+15*time.Second {
 			m.confirmed = -time.Second
@@ -403,6 +417,31 @@ func (b *bench) drain(ctx context.Context, pid int, t *target, events int, m *me
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
+}
+
+// watchCheckpoints reads an exactly-once target's checkpoint topic (read_committed) until stop, and
+// returns the position of the last checkpoint committed so far: every record of the transactions
+// before it is visible to read_committed consumers.
+func (b *bench) watchCheckpoints(ctx context.Context, topic string) (last func() pglogrepl.LSN, stop func(), err error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(b.c.brokers, ",")...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read checkpoints: %w", err)
+	}
+	var lsn atomic.Uint64
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for cctx.Err() == nil {
+			cl.PollFetches(cctx).EachRecord(func(r *kgo.Record) {
+				if cp, err := checkpoint.ParseRecord(r.Key, r.Value); err == nil && uint64(cp.LSN) > lsn.Load() {
+					lsn.Store(uint64(cp.LSN))
+				}
+			})
+		}
+	}()
+	return func() pglogrepl.LSN { return pglogrepl.LSN(lsn.Load()) }, func() { cancel(); <-done; cl.Close() }, nil
 }
 
 func (b *bench) endOffsets(ctx context.Context, topic string) int64 {

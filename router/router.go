@@ -173,6 +173,9 @@ type Router struct {
 	// txnBegan is when the open Kafka transaction began (Unix nanoseconds), read on the promise
 	// goroutine to tell a timed-out transaction from a takeover.
 	txnBegan atomic.Int64
+	// settled is closed once the last committed Kafka transaction is complete on its coordinator
+	// (or the router stopped asking); nil before the first commit. Prepare's goroutine only.
+	settled chan struct{}
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc

@@ -1,0 +1,80 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// TestNextTransactionBeginsOnceTheLastIsComplete, on the real broker: EndTxn returns before the
+// coordinator has written the commit markers, and a record produced into the next transaction
+// meanwhile waits inside the broker for its retry backoff (20 ms). The router begins the next
+// transaction only once the coordinator says the last one is complete, so back-to-back commits
+// never find it still preparing. (Checked by breaking it: without the wait in begin, most rounds
+// find PrepareCommit.)
+func TestNextTransactionBeginsOnceTheLastIsComplete(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
+	rules, err := NewRules(config.Routing{Topic: "settle-" + suffix + "-{event_type}"}, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := checkpoint.SlotID{SystemID: "settle", Database: "db", Slot: "s" + suffix}
+	r, err := New(Options{
+		Kafka:        config.Kafka{Brokers: brokers, ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
+		Limits:       config.Limits{MinInFlightRecords: 10, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
+		Rules:        rules,
+		Columns:      defaultCols,
+		Transactions: &Transactions{Slot: slot, Topic: "settle-" + suffix + "-checkpoints", Timeout: 30 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := r.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	id := slot.TransactionalID()
+	const rounds = 30
+	for i := range rounds {
+		if err := send(t, r, row("e", fmt.Sprintf("e%d", i)), func() {}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Commit(ctx, checkpoint.Record{LSN: checkpoint.LSN(100 + i)}); err != nil {
+			t.Fatalf("round %d: commit: %v", i, err)
+		}
+		if err := r.begin(); err != nil {
+			t.Fatal(err)
+		}
+		described, err := kadm.NewClient(admin).DescribeTransactions(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if state := described[id].State; strings.HasPrefix(state, "Prepare") {
+			t.Fatalf("round %d: the next transaction began while the last was %s on its coordinator", i, state)
+		}
+	}
+	last, err := r.ReadCheckpoint(ctx)
+	if err != nil || last == nil || last.LSN != checkpoint.LSN(100+rounds-1) {
+		t.Fatalf("checkpoint read back %+v (%v), want the last round's", last, err)
+	}
+}
