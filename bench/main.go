@@ -72,7 +72,7 @@ func main() {
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect, with defaults and tuned (make bench-compare)")
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
-	flag.StringVar(&c.altEnv, "with-env", "", "also run outbox-cdc (at-least-once) with these environment settings, side by side (e.g. OUTBOX_CDC_LINGER=0,OUTBOX_CDC_QUIET_FLUSH=1ms)")
+	flag.StringVar(&c.altEnv, "with-env", "", "also run outbox-cdc (at-least-once, or exactly-once with OUTBOX_CDC_DELIVERY=exactly-once, then read back read_committed) with these environment settings, side by side (e.g. OUTBOX_CDC_LINGER=0,OUTBOX_CDC_QUIET_FLUSH=1ms)")
 	flag.StringVar(&c.altBinary, "with-binary", "", "also run this outbox-cdc binary (at-least-once), side by side: a change against the commit before it (go build -o /tmp/old . at that commit); with -with-env, the two together")
 	contended := flag.String("contended-rates", "", "also measure the steady load at these rates (e.g. 2000,10000) with a CPU burner of the bench's own busy on one core, for every system and the floors alike")
 	burn := flag.Bool("burn", false, "internal: be the CPU burner (spin on one core until killed)")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 // the same rows; neither can share the other's slot.
 type target struct {
 	system                  string // outbox-cdc or debezium
+	eos                     bool   // outbox-cdc in exactly-once mode (systemEOS, or -with-env OUTBOX_CDC_DELIVERY=exactly-once)
 	table, pub, slot, topic string
 	lastTxLSN               pglogrepl.LSN // WAL position right after its backlog's last transaction
 }
@@ -180,7 +182,7 @@ func once(c config, n int) (res result, err error) {
 
 // newTarget names a system's table, publication, slot and topic in this run.
 func (b *bench) newTarget(sys string) *target {
-	t := &target{system: sys}
+	t := &target{system: sys, eos: sys == systemEOS || (sys == b.c.altSystem() && slices.Contains(strings.Split(b.c.altEnv, ","), "OUTBOX_CDC_DELIVERY=exactly-once"))}
 	b.targets++
 	suffix := fmt.Sprintf("s%d", b.targets) // system names may hold characters no identifier takes
 	t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
@@ -351,7 +353,7 @@ func (b *bench) decodeCeiling(ctx context.Context, t *target) (time.Duration, er
 }
 
 // exactlyOnce reports whether the target is outbox-cdc in exactly-once mode.
-func (t *target) exactlyOnce() bool { return t.system == systemEOS }
+func (t *target) exactlyOnce() bool { return t.eos }
 
 func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 	binary := b.c.binary

@@ -34,6 +34,9 @@ type txnHandler struct {
 	obs           *observed
 
 	committed atomic.Uint64 // the last committed checkpoint: no confirm passes it
+	// failedTxns is the number of PostgreSQL transactions of the Kafka transaction whose commit
+	// failed; -1 while none did. Written by the commit's goroutine.
+	failedTxns atomic.Int32
 
 	records    int            // rows in the open Kafka transaction
 	txns       int            // PostgreSQL transactions in it
@@ -135,26 +138,39 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 			return nil
 		}
 	}
-	if h.ackTimeout > 0 {
-		// The stream neither reads nor answers the walsender while it commits: bound the commit as
-		// an acknowledgement is bounded, and let go of PostgreSQL if Kafka does not answer.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, h.ackTimeout)
-		defer cancel()
-	}
-	if err := h.router.Commit(ctx, cp); err != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return &kafkaError{fmt.Errorf("%w: the Kafka commit did not finish within kafka.ack_timeout (%s); the slot keeps everything unconfirmed, and a new session starts once Kafka answers: %w",
-				errReleased, h.ackTimeout, err)}
-		}
+	// One commit at a time: the one before must have ended (and its failure ends the session).
+	if err := h.router.WaitCommit(ctx); err != nil {
 		return err
 	}
-	h.committed.Store(uint64(cp.LSN))
+	// The commit runs in the background while the stream reads on (rows produced meanwhile wait in
+	// the router for the next Kafka transaction), bounded as an acknowledgement is bounded, so that
+	// PostgreSQL is let go if Kafka does not answer. A graceful stop waits for it (finish).
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if h.ackTimeout > 0 {
+		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), h.ackTimeout)
+	}
+	ended := func(err error) error {
+		defer cancel()
+		if err != nil {
+			h.failedTxns.Store(int32(cp.Transactions))
+			if errors.Is(cctx.Err(), context.DeadlineExceeded) {
+				return &kafkaError{fmt.Errorf("%w: the Kafka commit did not finish within kafka.ack_timeout (%s); the slot keeps everything unconfirmed, and a new session starts once Kafka answers: %w",
+					errReleased, h.ackTimeout, err)}
+			}
+			return err
+		}
+		h.committed.Store(uint64(cp.LSN))
+		if h.obs != nil {
+			h.obs.markCheckpoint(cp.LSN)
+		}
+		return nil
+	}
+	if err := h.router.StartCommit(cctx, cp, ended); err != nil {
+		cancel()
+		return err
+	}
 	h.records, h.txns, h.firstAt, h.lastCommit = 0, 0, time.Time{}, time.Now()
 	h.clock.sent()
-	if h.obs != nil {
-		h.obs.markCheckpoint(cp.LSN)
-	}
 	return nil
 }
 
@@ -167,6 +183,9 @@ func (h *txnHandler) finish(ctx context.Context, commit bool) (committed bool, e
 		return false, nil
 	}
 	if err := h.Flush(ctx); err != nil {
+		return false, fmt.Errorf("commit the last Kafka transaction: %w", err)
+	}
+	if err := h.router.WaitCommit(ctx); err != nil {
 		return false, fmt.Errorf("commit the last Kafka transaction: %w", err)
 	}
 	return true, nil
@@ -280,5 +299,8 @@ func (g *gapPolicy) accepts(slot checkpoint.LSN, last *checkpoint.Record) bool {
 // singleTransaction reports whether the open Kafka transaction holds at most one PostgreSQL
 // transaction (whole or in part): one that cannot be split, so a replay meets the same limits.
 func (h *txnHandler) singleTransaction() bool {
+	if n := h.failedTxns.Load(); n >= 0 {
+		return n <= 1 // a commit failed: the transaction it ended
+	}
 	return h.txns == 0 || (h.txns == 1 && h.open == nil)
 }

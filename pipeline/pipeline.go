@@ -404,6 +404,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
+		eos.failedTxns.Store(-1)
 		if last != nil {
 			// What Kafka holds on this server's timeline: after a failover, less than the checkpoint.
 			eos.committed.Store(uint64(skipBelow))

@@ -173,9 +173,12 @@ type Router struct {
 	// txnBegan is when the open Kafka transaction began (Unix nanoseconds), read on the promise
 	// goroutine to tell a timed-out transaction from a takeover.
 	txnBegan atomic.Int64
-	// settled is closed once the last committed Kafka transaction is complete on its coordinator
-	// (or the router stopped asking); nil before the first commit. Prepare's goroutine only.
-	settled chan struct{}
+	// txnMu guards committing and queued, and orders Produce after a background commit's end.
+	// committing is not nil while a commit runs (StartCommit), and closed when it has ended; queued
+	// holds, in order, the records produced meanwhile, for the next transaction.
+	txnMu      sync.Mutex
+	committing chan struct{}
+	queued     []held
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc
@@ -474,7 +477,23 @@ func (p *Prepared) Topic() string {
 // Produce hands a prepared record to Kafka without blocking; ack runs once the record, or its
 // dead-letter record, is acknowledged. A final produce error fails the router instead: ack never
 // runs, so the slot never moves past the record.
+//
+// In transactions, a record produced while a commit runs (StartCommit) waits, in order, for the next
+// transaction, which begins once the commit is complete.
 func (r *Router) Produce(p *Prepared, ack func()) {
+	if r.transactional() {
+		r.txnMu.Lock()
+		defer r.txnMu.Unlock()
+		if r.committing != nil {
+			r.queued = append(r.queued, held{p: p, ack: ack})
+			return
+		}
+	}
+	r.produceNow(p, ack)
+}
+
+// produceNow is Produce with no commit running.
+func (r *Router) produceNow(p *Prepared, ack func()) {
 	if err := r.Err(); err != nil {
 		// Failed since Prepare: nothing more goes to Kafka before the replay (never acknowledged,
 		// so the slot never moves past it).
@@ -1133,6 +1152,10 @@ func (r *Router) Flush(ctx context.Context) error {
 // Close closes the Kafka clients; records not yet acknowledged are failed and never acknowledged.
 func (r *Router) Close() {
 	r.closeFn()
+	// A background commit ends with the client; wait for it, so that nothing uses a closed client.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = r.WaitCommit(ctx)
+	cancel()
 	r.client.Close()
 	if r.alone != nil {
 		r.alone.Close()

@@ -197,15 +197,10 @@ func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot chec
 	return last, nil
 }
 
-// begin opens a Kafka transaction if none is open. Prepare's goroutine only.
+// begin opens a Kafka transaction if none is open. Prepare's goroutine only, with no commit running.
 func (r *Router) begin() error {
 	if !r.transactional() || r.inTxn {
 		return nil
-	}
-	if r.settled != nil {
-		// Bounded by settle's own deadline.
-		<-r.settled
-		r.settled = nil
 	}
 	if err := r.client.BeginTransaction(); err != nil {
 		return fmt.Errorf("begin kafka transaction: %w", err)
@@ -216,16 +211,38 @@ func (r *Router) begin() error {
 	return nil
 }
 
-// Commit ends the open Kafka transaction with the checkpoint cp: it produces the checkpoint record,
-// waits until every record of the transaction is acknowledged, and commits. When it returns nil,
-// everything produced since the last Commit, and cp, are committed together. On any error the router
-// fails and the session must replay from the slot; the transaction is left for Abort (or for the next
-// instance's fencing) to abort. With no transaction open, Commit opens one to hold only the
-// checkpoint (an idle checkpoint). A checkpoint at position zero is not written (a resync's snapshot
-// transactions before the last).
+// Commit ends the open Kafka transaction with the checkpoint cp and waits for the end: StartCommit
+// and WaitCommit. When it returns nil, everything produced since the last commit, and cp, are
+// committed together.
 func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
+	var result error
+	if err := r.StartCommit(ctx, cp, func(err error) error { result = err; return err }); err != nil {
+		return err
+	}
+	if err := r.WaitCommit(ctx); err != nil {
+		return err
+	}
+	return result
+}
+
+// StartCommit ends the open Kafka transaction with the checkpoint cp in the background: it produces
+// the checkpoint record, and then, on a goroutine of its own, waits until every record of the
+// transaction is acknowledged, commits, and waits until the transaction is complete on its
+// coordinator (settle). Records produced meanwhile wait, in order, and go into the next transaction
+// once it is over, so the stream goes on reading while Kafka commits. ended, if not nil, is called
+// on that goroutine with the result before anything produced meanwhile is sent; what it returns for
+// an error is the router's failure (it may add to the error). On any error the router fails and the
+// session must replay from the slot; the transaction is left for Abort (or for the next instance's
+// fencing) to abort, and the records produced meanwhile are never sent. With no transaction open,
+// StartCommit opens one to hold only the checkpoint (an idle checkpoint). A checkpoint at position
+// zero is not written (a resync's snapshot transactions before the last). One commit runs at a time:
+// StartCommit first waits for the one before (WaitCommit). ctx bounds the commit.
+func (r *Router) StartCommit(ctx context.Context, cp checkpoint.Record, ended func(error) error) error {
 	if !r.transactional() {
 		return errors.New("router: Commit without transactions")
+	}
+	if err := r.WaitCommit(ctx); err != nil {
+		return err
 	}
 	if err := r.Err(); err != nil {
 		return err
@@ -242,13 +259,60 @@ func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
 		rec := &kgo.Record{Topic: r.opts.Transactions.Topic, Key: []byte(cp.Slot.String()), Value: cp.Marshal()}
 		r.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { cpErr = err })
 	}
+	done := make(chan struct{})
+	r.txnMu.Lock()
+	r.committing = done
+	r.txnMu.Unlock()
+	// The commit ends with the router too (Close).
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(r.closeCtx, cancel)
+	go func() {
+		defer close(done)
+		defer cancel()
+		defer stop()
+		err := r.endTxn(ctx, &cpErr)
+		if err == nil {
+			r.inTxn = false
+			r.opts.Counters.TransactionsCommitted.Add(1)
+			if r.opts.Observer != nil {
+				if o, ok := r.opts.Observer.(TxnObserver); ok {
+					o.TransactionCommitted(cp.Records, time.Since(start))
+				}
+			}
+			r.settle()
+		} else {
+			// The transaction stays open until Abort: the caller lets go of PostgreSQL first, since
+			// an abort waits for Kafka, which may be what failed.
+			err = r.wrapTxnErr("commit kafka transaction", err)
+		}
+		if ended != nil {
+			err = ended(err)
+		}
+		if err != nil {
+			r.fail(err)
+		}
+		r.txnMu.Lock()
+		defer r.txnMu.Unlock()
+		for i, h := range r.queued {
+			r.queued[i] = held{}
+			r.produceNow(h.p, h.ack) // after a failure, releases the record without sending it
+		}
+		r.queued = r.queued[:0]
+		r.committing = nil
+	}()
+	return nil
+}
+
+// endTxn waits for the open transaction's records (held ones included) and commits it. The commit
+// goroutine only.
+func (r *Router) endTxn(ctx context.Context, cpErr *error) error {
 	// Records held for new topics go first, into this transaction.
 	err := r.waitHeld(ctx)
 	if err == nil {
 		err = r.client.Flush(ctx)
 	}
 	if err == nil {
-		err = cpErr
+		err = *cpErr // set by the checkpoint record's promise, which Flush waited for
 	}
 	if err == nil {
 		err = r.Err()
@@ -256,39 +320,38 @@ func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
 	if err == nil {
 		err = r.client.EndTransaction(ctx, kgo.TryCommit)
 	}
-	if err != nil {
-		// The transaction stays open until Abort: the caller lets go of PostgreSQL first, since an
-		// abort waits for Kafka, which may be what failed.
-		err = r.wrapTxnErr("commit kafka transaction", err)
-		r.fail(err)
-		return err
+	return err
+}
+
+// WaitCommit waits until the commit StartCommit began, if any, has ended, and returns the router's
+// failure if it failed.
+func (r *Router) WaitCommit(ctx context.Context) error {
+	r.txnMu.Lock()
+	done := r.committing
+	r.txnMu.Unlock()
+	if done == nil {
+		return nil
 	}
-	r.inTxn = false
-	r.settled = make(chan struct{})
-	go r.settle(r.settled)
-	r.opts.Counters.TransactionsCommitted.Add(1)
-	if r.opts.Observer != nil {
-		if o, ok := r.opts.Observer.(TxnObserver); ok {
-			o.TransactionCommitted(cp.Records, time.Since(start))
-		}
+	select {
+	case <-done:
+		return r.Err()
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the kafka commit: %w", ctx.Err())
 	}
-	return nil
 }
 
 // settleWait bounds how long the next transaction waits for the last one to complete on its
 // coordinator: past it, the broker's own retries take over.
 const settleWait = 50 * time.Millisecond
 
-// settle asks the transaction coordinator until the transaction just committed is complete, then
-// closes done. EndTxn returns once the commit is decided, before its markers are written; a record
+// settle asks the transaction coordinator until the transaction just committed is complete. EndTxn returns once the commit is decided, before its markers are written; a record
 // produced into the next transaction meanwhile is answered CONCURRENT_TRANSACTIONS inside the
 // broker, which retries after add.partitions.to.txn.retry.backoff.ms (20 ms by default; franz-go's
 // own backoff for the same answer before transactions v2 is 20 ms too). Asking takes a round trip
 // or two, so the next transaction begins within about a millisecond of the markers instead of 20 ms
 // later: under load, the difference between exactly-once's tail latency and at-least-once's.
 // Any error ends the wait; the broker's retries are still there.
-func (r *Router) settle(done chan struct{}) {
-	defer close(done)
+func (r *Router) settle() {
 	ctx, cancel := context.WithTimeout(r.closeCtx, settleWait)
 	defer cancel()
 	id := r.opts.Transactions.Slot.TransactionalID()
@@ -328,6 +391,11 @@ func (r *Router) Abort() {
 func (r *Router) abort() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if err := r.WaitCommit(ctx); err != nil && r.Err() == nil {
+		// Still committing after 5 s: ending the transaction now would race the commit.
+		r.log.Debug("abort: a kafka commit still runs", "error", err.Error())
+		return
+	}
 	if err := r.client.AbortBufferedRecords(ctx); err != nil {
 		r.log.Debug("abort buffered records", "error", err.Error())
 	}
