@@ -147,6 +147,7 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	// PostgreSQL is let go if Kafka does not answer. A graceful stop waits for it (finish).
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	if h.ackTimeout > 0 {
+		cancel()
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), h.ackTimeout)
 	}
 	ended := func(err error) error {

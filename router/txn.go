@@ -215,14 +215,10 @@ func (r *Router) begin() error {
 // and WaitCommit. When it returns nil, everything produced since the last commit, and cp, are
 // committed together.
 func (r *Router) Commit(ctx context.Context, cp checkpoint.Record) error {
-	var result error
-	if err := r.StartCommit(ctx, cp, func(err error) error { result = err; return err }); err != nil {
+	if err := r.StartCommit(ctx, cp, nil); err != nil {
 		return err
 	}
-	if err := r.WaitCommit(ctx); err != nil {
-		return err
-	}
-	return result
+	return r.WaitCommit(ctx) // a failed commit is the router's failure
 }
 
 // StartCommit ends the open Kafka transaction with the checkpoint cp in the background: it produces
@@ -344,9 +340,9 @@ func (r *Router) WaitCommit(ctx context.Context) error {
 // coordinator: past it, the broker's own retries take over.
 const settleWait = 50 * time.Millisecond
 
-// settle asks the transaction coordinator until the transaction just committed is complete. EndTxn returns once the commit is decided, before its markers are written; a record
-// produced into the next transaction meanwhile is answered CONCURRENT_TRANSACTIONS inside the
-// broker, which retries after add.partitions.to.txn.retry.backoff.ms (20 ms by default; franz-go's
+// settle asks the transaction coordinator until the transaction just committed is complete. EndTxn
+// returns once the commit is decided, before its markers are written; a record produced into the
+// next transaction meanwhile is answered CONCURRENT_TRANSACTIONS inside the broker, which retries after add.partitions.to.txn.retry.backoff.ms (20 ms by default; franz-go's
 // own backoff for the same answer before transactions v2 is 20 ms too). Asking takes a round trip
 // or two, so the next transaction begins within about a millisecond of the markers instead of 20 ms
 // later: under load, the difference between exactly-once's tail latency and at-least-once's.
