@@ -36,6 +36,7 @@ func (l *LSN) UnmarshalText(text []byte) error {
 type Tx struct {
 	seq        uint64
 	commitTime time.Time
+	sentTime   time.Time // when the server sent the Begin message (its clock); zero when unknown
 	commitLSN  LSN
 	pending    int  // records handed to Kafka and not yet acknowledged
 	committed  bool // the Commit message has been received
@@ -44,6 +45,16 @@ type Tx struct {
 
 // CommitTime is the commit timestamp announced by the transaction's Begin message.
 func (t *Tx) CommitTime() time.Time { return t.commitTime }
+
+// Behind is how long after its commit the server sent the transaction's Begin message, both times
+// by the server's clock (no skew against this host's): about zero while the stream keeps up, the
+// age of the backlog while it catches up. Zero when the send time is unknown.
+func (t *Tx) Behind() time.Duration {
+	if t.sentTime.IsZero() || t.commitTime.IsZero() {
+		return 0
+	}
+	return max(0, t.sentTime.Sub(t.commitTime))
+}
 
 // CommitLSN is the position of the transaction's commit record announced by its Begin message
 // (BeginMessage.FinalLSN); transactions arrive in the order of this position. Zero when unknown.
@@ -69,10 +80,16 @@ func NewTracker(start LSN) *Tracker {
 // announces. Transactions must be begun in commit order, which is the order pgoutput sends them in
 // when streaming is off.
 func (t *Tracker) Begin(commitTime time.Time, commitLSN LSN) *Tx {
+	return t.BeginSent(commitTime, time.Time{}, commitLSN)
+}
+
+// BeginSent is Begin with the time the server sent the Begin message (XLogData.ServerTime), which
+// Tx.Behind compares with the commit time.
+func (t *Tracker) BeginSent(commitTime, sentTime time.Time, commitLSN LSN) *Tx {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.nextSeq++
-	tx := &Tx{seq: t.nextSeq, commitTime: commitTime, commitLSN: commitLSN}
+	tx := &Tx{seq: t.nextSeq, commitTime: commitTime, sentTime: sentTime, commitLSN: commitLSN}
 	t.queue = append(t.queue, tx)
 	return tx
 }

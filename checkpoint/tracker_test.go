@@ -237,3 +237,25 @@ func TestStreamShapedTrafficStaysSafeAndBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestBehind: a transaction's lateness is its Begin's send time less its commit time, both by the
+// server's clock; zero when either is unknown or the clocks disagree.
+func TestBehind(t *testing.T) {
+	tr := NewTracker(0)
+	commit := time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		tx   *Tx
+		want time.Duration
+	}{
+		{"read 3 s after its commit", tr.BeginSent(commit, commit.Add(3*time.Second), 1), 3 * time.Second},
+		{"read as it commits", tr.BeginSent(commit, commit, 2), 0},
+		{"send time unknown", tr.Begin(commit, 3), 0},
+		{"commit time unknown", tr.BeginSent(time.Time{}, commit, 4), 0},
+		{"sent before its commit (never negative)", tr.BeginSent(commit, commit.Add(-time.Second), 5), 0},
+	} {
+		if got := c.tx.Behind(); got != c.want {
+			t.Errorf("%s: Behind() = %s, want %s", c.name, got, c.want)
+		}
+	}
+}

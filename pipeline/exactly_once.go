@@ -19,6 +19,12 @@ import (
 // committed with a checkpoint at the end of the last PostgreSQL transaction it holds. The slot is
 // confirmed only up to the last committed checkpoint (confirmLimit). Transactions the last checkpoint
 // already covers are skipped whole, by their commit position.
+//
+// While the stream catches up on a backlog (it reads transactions committed catchUpBehind or more
+// before the server sent them), a Kafka transaction stays open catchUpFactor times as long and takes
+// as many times the rows: the records are late anyway, and fewer commits (each idles the producer
+// for a flush, EndTxn and the coordinator's markers) drain the backlog faster. Once the stream
+// reads transactions as they commit, the configured interval and size apply again.
 type txnHandler struct {
 	handler
 	skipBelow checkpoint.LSN
@@ -27,6 +33,7 @@ type txnHandler struct {
 	timelineStart checkpoint.LSN
 	verified      func() checkpoint.LSN // the verifier's limit: idle checkpoints never pass it
 	interval      time.Duration
+	catchUp       time.Duration // the interval while the stream catches up (catchUpInterval)
 	ackTimeout    time.Duration // kafka.ack_timeout: bounds a commit; 0 does not
 	clock         quietClock    // quiet 0: no commit on a quiet stream
 	maxRecords    int
@@ -43,6 +50,7 @@ type txnHandler struct {
 	firstAt    time.Time      // when its first row was produced
 	lastEnd    checkpoint.LSN // end of the last PostgreSQL transaction in it
 	open       *checkpoint.Tx // a transaction with rows in it whose Commit has not arrived
+	behind     bool           // the last transaction with rows was read catchUpBehind or more late
 	lastCommit time.Time      // when the last Kafka transaction was committed
 	skipped    atomic.Int64   // rows skipped as already in Kafka
 	skippedTx  *checkpoint.Tx // the last transaction skipped, counted once
@@ -50,6 +58,43 @@ type txnHandler struct {
 }
 
 var _ replication.Batcher = (*txnHandler)(nil)
+
+const (
+	// catchUpBehind is how late (commit to the server's sending it) a transaction is read for the
+	// stream to count as catching up on a backlog.
+	catchUpBehind = time.Second
+	// catchUpFactor is how many times longer and larger a Kafka transaction grows while catching up.
+	catchUpFactor = 8
+)
+
+// catchUpInterval is how long a Kafka transaction stays open while the stream catches up:
+// catchUpFactor times the interval, but never more than a quarter of the transaction timeout
+// (nor less than the interval itself).
+func catchUpInterval(interval, timeout time.Duration) time.Duration {
+	return max(interval, min(catchUpFactor*interval, timeout/4))
+}
+
+// noteTx notes whether the stream catches up, at the first row of each PostgreSQL transaction.
+func (h *txnHandler) noteTx(tx *checkpoint.Tx) {
+	if h.open != tx {
+		h.behind = tx.Behind() >= catchUpBehind
+	}
+}
+
+// currentInterval and currentMaxRecords are the bounds of the open Kafka transaction.
+func (h *txnHandler) currentInterval() time.Duration {
+	if h.behind && h.catchUp > 0 {
+		return h.catchUp
+	}
+	return h.interval
+}
+
+func (h *txnHandler) currentMaxRecords() int {
+	if h.behind && h.catchUp > h.interval {
+		return h.maxRecords * catchUpFactor
+	}
+	return h.maxRecords
+}
 
 // confirmLimit is the stream's ConfirmLimit in exactly-once mode.
 func (h *txnHandler) confirmLimit() checkpoint.LSN {
@@ -72,6 +117,7 @@ func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replica
 	if h.records == 0 {
 		h.firstAt = time.Now()
 	}
+	h.noteTx(tx)
 	h.clock.row()
 	h.records++
 	h.open = tx
@@ -87,7 +133,7 @@ func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end check
 	h.open = nil
 	h.lastEnd = end
 	h.txns++
-	if h.records >= h.maxRecords {
+	if h.records >= h.currentMaxRecords() {
 		return h.Flush(ctx)
 	}
 	return nil
@@ -112,7 +158,7 @@ func (h *txnHandler) idlePosition() checkpoint.LSN {
 // FlushDue implements replication.Batcher.
 func (h *txnHandler) FlushDue() time.Time {
 	if h.records > 0 {
-		due := h.firstAt.Add(h.interval)
+		due := h.firstAt.Add(h.currentInterval())
 		if h.clock.quiet > 0 {
 			due = minTime(due, h.clock.due())
 		}

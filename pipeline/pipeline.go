@@ -401,7 +401,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		if err != nil {
 			return err // the catalog connection is the verifier's, closed with it
 		}
-		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval, clock: quietClock{quiet: cfg.Kafka.QuietFlush},
+		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval,
+			catchUp: catchUpInterval(cfg.Kafka.TransactionInterval, cfg.Kafka.TransactionTimeout), clock: quietClock{quiet: cfg.Kafka.QuietFlush},
 			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		eos.failedTxns.Store(-1)

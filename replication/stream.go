@@ -394,7 +394,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		if s.current != nil {
 			return fmt.Errorf("%w: Begin of xid %d at %s inside an unfinished transaction", ErrUnreadable, m.Xid, LSN(xld.WALStart))
 		}
-		s.current = s.tracker.Begin(m.CommitTime, LSN(m.FinalLSN))
+		s.current = s.tracker.BeginSent(m.CommitTime, xld.ServerTime, LSN(m.FinalLSN))
 	case *pglogrepl.TruncateMessageV2:
 		for _, id := range m.RelationIDs {
 			s.countIgnored(id, &s.counters.IgnoredTruncates)
