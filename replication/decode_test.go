@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"testing"
@@ -421,6 +422,71 @@ func TestTimestampsBecomeRFC3339(t *testing.T) {
 	}
 }
 
+// slowTimestamp is convertText's general path: parse with pgtype, format as RFC 3339 in UTC.
+func slowTimestamp(t *testing.T, oid uint32, text string) string {
+	t.Helper()
+	types := pgtype.NewMap()
+	if oid == pgtype.TimestamptzOID {
+		var ts pgtype.Timestamptz
+		if err := types.Scan(oid, pgtype.TextFormatCode, []byte(text), &ts); err != nil {
+			t.Fatalf("pgtype cannot parse %q: %v", text, err)
+		}
+		return ts.Time.UTC().Format(time.RFC3339Nano)
+	}
+	var ts pgtype.Timestamp
+	if err := types.Scan(oid, pgtype.TextFormatCode, []byte(text), &ts); err != nil {
+		t.Fatalf("pgtype cannot parse %q: %v", text, err)
+	}
+	return ts.Time.Format("2006-01-02T15:04:05.999999999") + "Z"
+}
+
+// TestISOTimestampFastPathAgrees: the per-row rewrite of PostgreSQL's ISO text into RFC 3339 gives
+// what parsing and formatting give, for random instants of years 1 to 9999 in PostgreSQL's output
+// form (microseconds, trailing zeros dropped), and declines every other form.
+func TestISOTimestampFastPathAgrees(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, uint64(time.Now().UnixNano())))
+	lo, hi := time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Unix(), time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).Unix()
+	for i := 0; i < 20000; i++ {
+		ts := time.Unix(lo+rng.Int64N(hi-lo), 0).UTC()
+		switch rng.IntN(3) {
+		case 0: // whole seconds
+		case 1:
+			ts = ts.Add(time.Duration(rng.IntN(1e6)) * time.Microsecond)
+		default: // a few digits, as a round fraction prints
+			ts = ts.Add(time.Duration(rng.IntN(10)) * 100 * time.Millisecond)
+		}
+		text := ts.Format("2006-01-02 15:04:05.999999") // PostgreSQL's ISO output in UTC
+		for _, c := range []struct {
+			oid    uint32
+			suffix string
+		}{{pgtype.TimestamptzOID, "+00"}, {pgtype.TimestampOID, ""}} {
+			got, ok := isoTimestampToRFC3339([]byte(text+c.suffix), c.oid == pgtype.TimestamptzOID)
+			if !ok {
+				t.Fatalf("%q (oid %d): declined", text+c.suffix, c.oid)
+			}
+			if want := slowTimestamp(t, c.oid, text+c.suffix); string(got) != want {
+				t.Fatalf("%q (oid %d) -> %q, parsing gives %q", text+c.suffix, c.oid, got, want)
+			}
+		}
+	}
+	for _, text := range []string{
+		"2026-12-02 09:30:00+01", "2026-12-02 09:30:00+05:30", "2026-12-02 09:30:00-00",
+		"0044-03-15 12:00:00+00 BC", "10000-01-01 00:00:00+00", "infinity", "-infinity",
+		"2026-12-02 09:30:00.50+00", "2026-12-02 09:30:00.1234567+00", "2026-12-02 09:30:00.+00",
+		"2026-12-02T09:30:00+00", "2026-12-02 09:30+00", "2026-12-0x 09:30:00+00", "+00", "",
+		"2026-12-02 09:30:00.12a+00",
+	} {
+		if got, ok := isoTimestampToRFC3339([]byte(text), true); ok {
+			t.Errorf("timestamptz %q -> %q, want it declined (parsed instead)", text, got)
+		}
+	}
+	for _, text := range []string{"2026-12-02 09:30:00+00", "2026-12-02 09:30:00 BC", "2026-12-02 09:30:00.10", "infinity"} {
+		if got, ok := isoTimestampToRFC3339([]byte(text), false); ok {
+			t.Errorf("timestamp %q -> %q, want it declined (parsed instead)", text, got)
+		}
+	}
+}
+
 // TestStatusUpdateIsBoundedWhenThePeerStopsReading: a server (or a middlebox) that stops reading must
 // not hold a status update until TCP gives up: the write fails within the stream's write timeout and
 // the connection is closed, so the session ends and the next one starts.
@@ -457,4 +523,29 @@ func TestStatusUpdateIsBoundedWhenThePeerStopsReading(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("closing the stream blocked on a peer that reads nothing")
 	}
+}
+
+// BenchmarkTimestamptzToRFC3339 compares the per-row rewrite of created_at with parsing and
+// formatting it (pgtype), the path for any other form.
+func BenchmarkTimestamptzToRFC3339(b *testing.B) {
+	text := []byte("2026-12-05 06:45:18.698028+00")
+	types := pgtype.NewMap()
+	b.Run("rewrite", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := convertText(types, pgtype.TimestamptzOID, text); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parse", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var ts pgtype.Timestamptz
+			if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, text, &ts); err != nil {
+				b.Fatal(err)
+			}
+			_ = ts.Time.UTC().AppendFormat(nil, time.RFC3339Nano)
+		}
+	})
 }

@@ -158,12 +158,18 @@ func convertText(types *pgtype.Map, oid uint32, text []byte) ([]byte, error) {
 	case pgtype.ByteaOID:
 		return decodeBytea(text)
 	case pgtype.TimestamptzOID:
+		if out, ok := isoTimestampToRFC3339(text, true); ok {
+			return out, nil
+		}
 		var ts pgtype.Timestamptz
 		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, text, &ts); err != nil || !ts.Valid || ts.InfinityModifier != pgtype.Finite {
 			return text, nil
 		}
 		return ts.Time.UTC().AppendFormat(nil, time.RFC3339Nano), nil
 	case pgtype.TimestampOID:
+		if out, ok := isoTimestampToRFC3339(text, false); ok {
+			return out, nil
+		}
 		var ts pgtype.Timestamp
 		if err := types.Scan(pgtype.TimestampOID, pgtype.TextFormatCode, text, &ts); err != nil || !ts.Valid || ts.InfinityModifier != pgtype.Finite {
 			return text, nil
@@ -173,6 +179,46 @@ func convertText(types *pgtype.Map, oid uint32, text []byte) ([]byte, error) {
 	default:
 		return text, nil
 	}
+}
+
+// isoTimestampToRFC3339 rewrites the text form PostgreSQL gives a timestamp with the session settings
+// the connections pin (DateStyle ISO, TimeZone UTC) — "2026-12-05 06:45:18.698028", followed by "+00"
+// for a timestamptz (utc) — as RFC 3339 in UTC, exactly as parsing it and formatting it with
+// time.RFC3339Nano would, without parsing: the form of every outbox row's created_at, so this is on
+// the per-row path. ok is false for any other form (BC dates, years past 9999, other offsets,
+// infinity, a fraction with trailing zeros), which the caller then parses.
+func isoTimestampToRFC3339(text []byte, utc bool) (out []byte, ok bool) {
+	end := len(text)
+	if utc {
+		if end < 3 || text[end-3] != '+' || text[end-2] != '0' || text[end-1] != '0' {
+			return nil, false
+		}
+		end -= 3
+	}
+	const layout = "0000-00-00 00:00:00" // 0: a digit
+	if end < len(layout) {
+		return nil, false
+	}
+	for i := 0; i < len(layout); i++ {
+		if c := text[i]; layout[i] == '0' && (c < '0' || c > '9') || layout[i] != '0' && c != layout[i] {
+			return nil, false
+		}
+	}
+	if frac := text[len(layout):end]; len(frac) > 0 {
+		// PostgreSQL prints up to six digits and drops trailing zeros, as RFC3339Nano does.
+		if frac[0] != '.' || len(frac) < 2 || len(frac) > 7 || frac[len(frac)-1] == '0' {
+			return nil, false
+		}
+		for _, c := range frac[1:] {
+			if c < '0' || c > '9' {
+				return nil, false
+			}
+		}
+	}
+	out = make([]byte, end+1)
+	copy(out, text[:end])
+	out[10], out[end] = 'T', 'Z'
+	return out, true
 }
 
 // decodeBytea reads bytea's text form in either output format: hex (\x then two hex digits a byte,
