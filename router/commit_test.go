@@ -89,6 +89,11 @@ func TestRecordsProducedDuringACommitWaitForTheNext(t *testing.T) {
 				if werr == nil || r.Err() == nil {
 					t.Fatalf("a failed commit: WaitCommit %v, router error %v; want both", werr, r.Err())
 				}
+				// The commit has ended: WaitCommit called now must still report its failure (finish
+				// would otherwise take a failed last commit for a committed one).
+				if err := r.WaitCommit(ctx); err == nil {
+					t.Fatal("WaitCommit after a failed commit had ended returned nil, want the commit's error")
+				}
 				if e, _ := ended.Load().([]error); len(e) != 1 || e[0] == nil {
 					t.Fatalf("ended was told %v, want the commit's error", e)
 				}

@@ -320,13 +320,13 @@ func (r *Router) endTxn(ctx context.Context, cpErr *error) error {
 }
 
 // WaitCommit waits until the commit StartCommit began, if any, has ended, and returns the router's
-// failure if it failed.
+// failure, if any: a commit that failed before WaitCommit was called is reported too.
 func (r *Router) WaitCommit(ctx context.Context) error {
 	r.txnMu.Lock()
 	done := r.committing
 	r.txnMu.Unlock()
 	if done == nil {
-		return nil
+		return r.Err() // ended already: its failure, if it failed, is the router's
 	}
 	select {
 	case <-done:
