@@ -81,16 +81,22 @@ func (h *txnHandler) noteTx(tx *checkpoint.Tx) {
 	}
 }
 
+// catchingUp reports whether the open Kafka transaction takes the catch-up bounds: the stream reads
+// late and the catch-up interval is longer than the configured one (it is capped to it otherwise).
+func (h *txnHandler) catchingUp() bool {
+	return h.behind && h.catchUp > h.interval
+}
+
 // currentInterval and currentMaxRecords are the bounds of the open Kafka transaction.
 func (h *txnHandler) currentInterval() time.Duration {
-	if h.behind && h.catchUp > 0 {
+	if h.catchingUp() {
 		return h.catchUp
 	}
 	return h.interval
 }
 
 func (h *txnHandler) currentMaxRecords() int {
-	if h.behind && h.catchUp > h.interval {
+	if h.catchingUp() {
 		return h.maxRecords * catchUpFactor
 	}
 	return h.maxRecords
@@ -191,10 +197,12 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	// The commit runs in the background while the stream reads on (rows produced meanwhile wait in
 	// the router for the next Kafka transaction), bounded as an acknowledgement is bounded, so that
 	// PostgreSQL is let go if Kafka does not answer. A graceful stop waits for it (finish).
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var cctx context.Context
+	var cancel context.CancelFunc
 	if h.ackTimeout > 0 {
-		cancel()
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), h.ackTimeout)
+	} else {
+		cctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	}
 	ended := func(err error) error {
 		defer cancel()
