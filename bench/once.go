@@ -30,6 +30,7 @@ type target struct {
 	eos                     bool   // outbox-cdc in exactly-once mode (systemEOS, or -with-env OUTBOX_CDC_DELIVERY=exactly-once)
 	table, pub, slot, topic string
 	lastTxLSN               pglogrepl.LSN // WAL position right after its backlog's last transaction
+	metricsAddr             string        // where the running outbox-cdc serves /metrics (startRouter)
 }
 
 // measured is one system's figures in one run. Times are from its process's start.
@@ -360,10 +361,15 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 	if t.system == b.c.altSystem() && b.c.altBinary != "" {
 		binary = b.c.altBinary
 	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	t.metricsAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	cmd := exec.Command(binary, "run")
 	cmd.Env = append(os.Environ(), "OUTBOX_CDC_POSTGRES="+b.c.pgURL, "OUTBOX_CDC_BROKERS="+b.c.routerBrokers,
 		"OUTBOX_CDC_TABLE="+t.table, "OUTBOX_CDC_SLOT="+t.slot, "OUTBOX_CDC_PUBLICATION="+t.pub,
-		"OUTBOX_CDC_TOPIC="+t.topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR=127.0.0.1:0",
+		"OUTBOX_CDC_TOPIC="+t.topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR="+t.metricsAddr,
 		"OUTBOX_CDC_STATUS_INTERVAL=1s")
 	if t.exactlyOnce() {
 		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
