@@ -91,10 +91,13 @@ func (s *suite) failover(ctx context.Context) (err error) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// The fault strikes now, not when inject logged it: events committed while the standby caught
-	// up were sent before the kill, and a replay that sends them again is this failover's doing.
-	s.faultLog[len(s.faultLog)-1].at = time.Now()
+	// The fault is dated when the primary is dead, not when inject logged it: every event committed
+	// before then (while the standby caught up, and up to the instant of the kill, which an
+	// immediate stop takes a few milliseconds to reach) was sent or could have been sent before it,
+	// and a replay that sends it again is this failover's doing. No commit returns after the
+	// primary's death.
 	s.primary.Stop(s.clusters, "immediate")
+	s.faultLog[len(s.faultLog)-1].at = time.Now()
 	s.standby.Promote(s.clusters)
 	// The promoted server inherited synchronized_standby_slots naming its own former slot, which it
 	// lacks: logical decoding would wait for it forever. Until its new standby runs it names none.
