@@ -130,7 +130,7 @@ func testFailoverWithALaggingStandby(t *testing.T, synchronizedStandbySlots bool
 
 // checkPromoted checks the records of the events on a promoted server (phantoms left out): every one
 // arrived, in order per aggregate, with the right content; read is how many records were read in all.
-func checkPromoted(t *testing.T, prefix string, want []testenv.Event, real []*kgo.Record, read int) {
+func checkPromoted(t *testing.T, prefix string, want []testenv.Event, real []*kgo.Record, read int) testenv.DeliveryReport {
 	t.Helper()
 	rep := testenv.CheckDelivery(prefix, want, real)
 	for i, p := range rep.Problems {
@@ -142,6 +142,7 @@ func checkPromoted(t *testing.T, prefix string, want []testenv.Event, real []*kg
 	}
 	t.Logf("%d rows on the promoted server; %d records read, %d duplicates, %d missing, %d order violations, %d wrong",
 		len(want), read, rep.Duplicates, rep.Missing, rep.OrderViolations, rep.Wrong)
+	return rep
 }
 
 // newPrimary17 starts a PostgreSQL 17 server with wal_level logical and sql/outbox.sql applied.

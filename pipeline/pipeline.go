@@ -281,16 +281,28 @@ type ackedPosition struct {
 	lsn              checkpoint.LSN
 	system, database string
 	timeline         uint32
+	// timelineStart is where that timeline began on the server that streamed it: a timeline of the
+	// same number that began elsewhere (a sibling promoted on its own) shares no positions past it.
+	timelineStart checkpoint.LSN
 }
 
 // skipBelow is the position below which a session on srv, starting from the slot at start, may skip
-// transactions as already acknowledged: only on the same cluster and timeline (after a failover the
-// positions past the fork are other transactions), and only ahead of the slot. Zero: skip nothing.
+// transactions as already acknowledged (zero: skip nothing). Only on the same cluster and database,
+// only ahead of the slot, and only as far as srv's WAL is the one the position counted in: on
+// another timeline (after a failover or a point-in-time recovery), up to where the acknowledged
+// timeline ended by srv's timeline history — past that point the same positions hold other
+// transactions — and nothing when the history does not hold that timeline. It is the exactly-once
+// mode's rule for its checkpoint (checkpoint.Start).
 func (a ackedPosition) skipBelow(srv replication.Server, start checkpoint.LSN) checkpoint.LSN {
-	if a.lsn <= start || a.system == "" || a.system != srv.SystemID || a.database != srv.Database || a.timeline != srv.Timeline {
+	if a.lsn <= start || a.system == "" || a.system != srv.SystemID || a.database != srv.Database || a.timeline == 0 || srv.Timeline == 0 {
 		return 0
 	}
-	return a.lsn
+	last := &checkpoint.Record{LSN: a.lsn, Timeline: a.timeline, TimelineStart: a.timelineStart}
+	r, err := checkpoint.Start(start, srv.Checkpoint(), last, true)
+	if err != nil || r.Unrelated || r.SkipBelow <= start {
+		return 0
+	}
+	return r.SkipBelow
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -551,7 +563,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// transactions between were acknowledged, and the next session replays them only if its set-up
 		// finds the outbox unchanged since the last verification (setup: Continues), in which case the
 		// walsender sends them again with the same rows.
-		c.acked = ackedPosition{lsn: tracker.Watermark(), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline}
+		c.acked = ackedPosition{lsn: tracker.Watermark(), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline, timelineStart: srv.TimelineStart()}
 		if base.skip != nil && base.skip.txs > 0 {
 			p.log.Info("skipped transactions Kafka had acknowledged before the last failure (not sent again)", "transactions", base.skip.txs, "rows", base.skip.n)
 		}
