@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 const namespace = "outbox_cdc"
@@ -39,6 +40,7 @@ type Metrics struct {
 	endToEnd       *prometheus.HistogramVec
 	txnRecords     *prometheus.HistogramVec
 	txnCommit      *prometheus.HistogramVec
+	txnPhase       *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	labels  map[string]bool
@@ -84,6 +86,12 @@ func New() *Metrics {
 			Help:    "Time to commit a Kafka transaction (exactly-once mode): checkpoint produced, every record acknowledged, transaction ended.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"source"}),
+		txnPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "kafka_transaction_phase_seconds",
+			Help: "Where a Kafka transaction's commit spends its time (exactly-once mode), by phase: flush (every record acknowledged), " +
+				"end (the EndTxn round trip), settle (until the coordinator has written the commit markers; the next transaction waits for it).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}, []string{"source", "phase"}),
 		labels: map[string]bool{},
 	}
 	info := buildinfo.Read()
@@ -96,7 +104,7 @@ func New() *Metrics {
 		commit += "+modified"
 	}
 	build.WithLabelValues(info.Version, commit, info.GoVersion, info.Platform).Set(1)
-	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit, build,
+	m.reg.MustRegister(m.produced, m.deadLettered, m.produceLatency, m.endToEnd, m.txnRecords, m.txnCommit, m.txnPhase, build,
 		&healthCollector{m: m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -128,6 +136,9 @@ func (m *Metrics) Source(name string) *SourceObserver {
 		endToEnd:       m.endToEnd.WithLabelValues(name),
 		txnRecords:     m.txnRecords.WithLabelValues(name),
 		txnCommit:      m.txnCommit.WithLabelValues(name),
+		txnFlush:       m.txnPhase.WithLabelValues(name, "flush"),
+		txnEnd:         m.txnPhase.WithLabelValues(name, "end"),
+		txnSettle:      m.txnPhase.WithLabelValues(name, "settle"),
 	}
 }
 
@@ -136,6 +147,7 @@ type SourceObserver struct {
 	m                                               *Metrics
 	name                                            string
 	produceLatency, endToEnd, txnRecords, txnCommit prometheus.Observer
+	txnFlush, txnEnd, txnSettle                     prometheus.Observer
 }
 
 // Produced implements router.Observer.
@@ -155,9 +167,12 @@ func (o *SourceObserver) DeadLettered(eventType, reason string) {
 }
 
 // TransactionCommitted implements router.TxnObserver.
-func (o *SourceObserver) TransactionCommitted(records int, commitLatency time.Duration) {
-	o.txnRecords.Observe(float64(records))
-	o.txnCommit.Observe(commitLatency.Seconds())
+func (o *SourceObserver) TransactionCommitted(c router.TxnCommit) {
+	o.txnRecords.Observe(float64(c.Records))
+	o.txnCommit.Observe(c.Latency().Seconds())
+	o.txnFlush.Observe(c.Flush.Seconds())
+	o.txnEnd.Observe(c.End.Seconds())
+	o.txnSettle.Observe(c.Settle.Seconds())
 }
 
 // Watch adds a source whose health is read at every scrape and by /readyz. A name watched again

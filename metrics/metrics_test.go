@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 func fixedHealth(state pipeline.State) func() pipeline.Health {
@@ -91,7 +92,7 @@ func TestMetricsExposition(t *testing.T) {
 	o := m.Source("s1")
 	o.Produced("orders", "OrderPaid", 100, 3*time.Millisecond, 40*time.Millisecond)
 	o.DeadLettered("OrderPaid", "too_large")
-	o.TransactionCommitted(250, 4*time.Millisecond)
+	o.TransactionCommitted(router.TxnCommit{Records: 250, Flush: 3 * time.Millisecond, End: time.Millisecond, Settle: 2 * time.Millisecond})
 	_, body := get(t, m.Handler(), "/metrics")
 	for _, want := range []string{
 		`outbox_cdc_events_produced_total{event_type="OrderPaid",source="s1",topic="orders"} 1`,
@@ -119,7 +120,9 @@ func TestMetricsExposition(t *testing.T) {
 		`outbox_cdc_checkpoint_lsn{source="s1"} 4800`,
 		`outbox_cdc_events_skipped_total{source="s1"} 12`,
 		`outbox_cdc_kafka_transaction_records_count{source="s1"} 1`,
-		`outbox_cdc_kafka_transaction_commit_seconds_count{source="s1"} 1`,
+		`outbox_cdc_kafka_transaction_commit_seconds_sum{source="s1"} 0.004`,
+		`outbox_cdc_kafka_transaction_phase_seconds_sum{phase="settle",source="s1"} 0.002`,
+		`outbox_cdc_kafka_transaction_phase_seconds_sum{phase="flush",source="s1"} 0.003`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

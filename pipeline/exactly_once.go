@@ -190,13 +190,12 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 			return nil
 		}
 	}
-	// One commit at a time: the one before must have ended (and its failure ends the session).
-	if err := h.router.WaitCommit(ctx); err != nil {
-		return err
-	}
 	// The commit runs in the background while the stream reads on (rows produced meanwhile wait in
-	// the router for the next Kafka transaction), bounded as an acknowledgement is bounded, so that
-	// PostgreSQL is let go if Kafka does not answer. A graceful stop waits for it (finish).
+	// the router until the commit's records are acknowledged, then go into the next Kafka
+	// transaction), bounded as an acknowledgement is bounded, so that PostgreSQL is let go if Kafka
+	// does not answer. StartCommit first waits until the commit before lets records go on (and
+	// returns its failure, which ends the session); commits end in order. A graceful stop waits for
+	// them (finish).
 	var cctx context.Context
 	var cancel context.CancelFunc
 	if h.ackTimeout > 0 {
@@ -207,7 +206,8 @@ func (h *txnHandler) Flush(ctx context.Context) error {
 	ended := func(err error) error {
 		defer cancel()
 		if err != nil {
-			h.failedTxns.Store(int32(cp.Transactions))
+			// The first commit that failed; one after it fails for its sake.
+			h.failedTxns.CompareAndSwap(-1, int32(cp.Transactions))
 			if errors.Is(cctx.Err(), context.DeadlineExceeded) {
 				return &kafkaError{fmt.Errorf("%w: the Kafka commit did not finish within kafka.ack_timeout (%s); the slot keeps everything unconfirmed, and a new session starts once Kafka answers: %w",
 					errReleased, h.ackTimeout, err)}

@@ -166,18 +166,26 @@ type Router struct {
 	// lastAlone is true when the previous record was produced alone: the next one waits until it
 	// is acknowledged, since two clients do not keep order between them. Prepare's goroutine only.
 	lastAlone bool
-	// inTxn is true while a Kafka transaction is open; txnRecords counts the records produced in it.
-	// Prepare's goroutine only.
-	inTxn      bool
+	// lanes are the transactional producers (see Transactions.Lanes); lanes[0] is client, and
+	// outside transactions it is the only one. lane is the index of the one records go to.
+	lanes []*kgo.Client
+	lane  atomic.Int32
+	// inTxn is true, per lane, while a Kafka transaction is open on it; txnRecords counts the
+	// records produced into the open transaction of the current lane. Prepare's goroutine, or the
+	// commit goroutine that switches lanes while Prepare waits (txnMu and the switch's channel order
+	// them).
+	inTxn      [maxLanes]bool
 	txnRecords int
-	// txnBegan is when the open Kafka transaction began (Unix nanoseconds), read on the promise
-	// goroutine to tell a timed-out transaction from a takeover.
-	txnBegan atomic.Int64
-	// txnMu guards committing and queued, and orders Produce after a background commit's end.
-	// committing is not nil while a commit runs (StartCommit), and closed when it has ended; queued
-	// holds, in order, the records produced meanwhile, for the next transaction.
+	// txnBegan is when each lane's open Kafka transaction began (Unix nanoseconds), read on the
+	// promise goroutine to tell a timed-out transaction from a takeover.
+	txnBegan [maxLanes]atomic.Int64
+	// txnMu guards committing, ending and queued, and orders Produce after a commit's switch of lanes.
+	// committing is not nil while a commit waits for its records' acknowledgements (StartCommit), and
+	// closed once records may go to the next transaction; queued holds, in order, the records produced
+	// meanwhile, for the next transaction. ending is closed when the last commit begun has ended.
 	txnMu      sync.Mutex
 	committing chan struct{}
+	ending     chan struct{}
 	queued     []held
 
 	closeCtx context.Context // ends when the router closes
@@ -266,10 +274,20 @@ func New(opts Options) (*Router, error) {
 			return nil, fmt.Errorf("create kafka client: %w", err)
 		}
 	}
+	lanes := []*kgo.Client{client}
+	if t := opts.Transactions; t != nil && t.lanes() > 1 {
+		second, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ProducerLinger(opts.Kafka.Linger), kgo.TransactionalID(t.laneID(1)))...)
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("create kafka client: %w", err)
+		}
+		lanes = append(lanes, second)
+	}
 	closeCtx, closeFn := context.WithCancel(context.Background())
 	return &Router{
 		opts:     opts,
 		client:   client,
+		lanes:    lanes,
 		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
@@ -543,7 +561,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		r.produceDLQ(p.rec, p.typ, p.src, p.dlqReason, p.dlqClass, p.size, ack)
 		return
 	}
-	client := r.client
+	client, lane := r.producer()
 	if p.alone && r.alone != nil {
 		client = r.alone
 	}
@@ -586,7 +604,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
 		case r.transactional() && fenced(err):
 			r.release(p.size)
-			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", eventID(rec), rec.Topic), err))
+			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", eventID(rec), rec.Topic), lane, err))
 		default:
 			r.release(p.size)
 			r.fail(fmt.Errorf("produce event %s to %s: %w", eventID(rec), rec.Topic, err))
@@ -699,7 +717,8 @@ func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, cl
 	}
 	fitDLQ(dlq, own, int(limit))
 	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
-	r.client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
+	client, _ := r.producer()
+	client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(size)
 		if err != nil {
 			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", eventID(orig), r.opts.DLQTopic, err))
@@ -1156,7 +1175,9 @@ func (r *Router) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = r.WaitCommit(ctx)
 	cancel()
-	r.client.Close()
+	for _, c := range r.lanes {
+		c.Close()
+	}
 	if r.alone != nil {
 		r.alone.Close()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,7 +30,9 @@ func TestNextTransactionBeginsOnceTheLastIsComplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	slot := checkpoint.SlotID{SystemID: "settle", Database: "db", Slot: "s" + suffix}
+	obs := &commits{}
 	r, err := New(Options{
+		Observer:     obs,
 		Kafka:        config.Kafka{Brokers: brokers, ClientID: "test", CreateTopics: true, TopicPartitions: 1, TopicReplicationFactor: 1, MaxMessageBytes: 100000},
 		Limits:       config.Limits{MinInFlightRecords: 10, MaxInFlightRecords: 10, MaxInFlightBytes: 1 << 20},
 		Rules:        rules,
@@ -77,4 +80,29 @@ func TestNextTransactionBeginsOnceTheLastIsComplete(t *testing.T) {
 	if err != nil || last == nil || last.LSN != checkpoint.LSN(100+rounds-1) {
 		t.Fatalf("checkpoint read back %+v (%v), want the last round's", last, err)
 	}
+	// Every commit was observed with its phases: one record, acknowledged, then EndTxn.
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.seen) != rounds {
+		t.Fatalf("observed %d commits, want %d", len(obs.seen), rounds)
+	}
+	for i, c := range obs.seen {
+		if c.Records != 1 || c.Flush <= 0 || c.End <= 0 || c.Settle < 0 || c.Latency() != c.Flush+c.End {
+			t.Errorf("commit %d observed as %+v: want 1 record and positive flush and end times", i, c)
+		}
+	}
+}
+
+// commits is a TxnObserver that keeps what it is told.
+type commits struct {
+	mu   sync.Mutex
+	seen []TxnCommit
+}
+
+func (*commits) Produced(string, string, int, time.Duration, time.Duration) {}
+func (*commits) DeadLettered(string, string)                                {}
+func (c *commits) TransactionCommitted(t TxnCommit) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, t)
 }
