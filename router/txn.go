@@ -369,9 +369,9 @@ func (r *Router) StartCommit(ctx context.Context, cp checkpoint.Record, ended fu
 			r.switchLane(lane, nil)
 		}
 		if err == nil {
-			ended := time.Now()
+			endStart := time.Now()
 			err = client.EndTransaction(ctx, kgo.TryCommit)
-			c.End = time.Since(ended)
+			c.End = time.Since(endStart)
 		}
 		if err == nil {
 			r.inTxn[lane] = false
