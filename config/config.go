@@ -444,7 +444,7 @@ func Default() Config {
 			Delivery:               DeliveryAtLeastOnce,
 			HeaderFormat:           HeaderFormatOutbox,
 			CheckpointTopic:        "outbox-cdc.checkpoints",
-			TransactionInterval:    25 * time.Millisecond,
+			TransactionInterval:    10 * time.Millisecond,
 			TransactionMaxRecords:  10000,
 			TransactionTimeout:     time.Minute,
 		},
