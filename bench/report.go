@@ -61,9 +61,15 @@ func run(c config, runs int) error {
 			for _, l := range m.curve {
 				fmt.Printf("    %s\n", l)
 			}
+			for _, l := range m.contended {
+				fmt.Printf("    contended %s\n", l)
+			}
 		}
 		for _, f := range r.floors {
 			fmt.Printf("  floor decode %s\n  floor kafka  %s\n", f.decode, f.kafka)
+		}
+		for _, f := range r.contendedFloors {
+			fmt.Printf("  contended floor decode %s\n  contended floor kafka  %s\n", f.decode, f.kafka)
 		}
 		results = append(results, r)
 	}
@@ -84,6 +90,9 @@ func run(c config, runs int) error {
 // String is one load point on one line.
 func (l *latency) String() string {
 	s := fmt.Sprintf("%6d ev/s (wrote %.0f/s): p50 %s p99 %s p99.9 %s", l.rate, l.achieved, ms(l.p50), ms(l.p99), ms(l.p999))
+	if l.commits > 0 {
+		s += fmt.Sprintf(", %.0f Kafka transactions/s", l.commits)
+	}
 	if l.behind {
 		s += fmt.Sprintf(" BEHIND (saw %d of %d)", l.seen, l.sent)
 	}

@@ -24,6 +24,7 @@ type latency struct {
 	p50, p99, p999     time.Duration
 	behind             bool // not every event was received within the grace period after the last write
 	trailMed, trailMax int64
+	commits            float64 // Kafka transactions committed per second while writing (outbox-cdc exactly-once)
 }
 
 // commitTimes maps an event id to the moment its transaction's COMMIT was sent.
@@ -222,6 +223,14 @@ func (b *bench) steady(ctx context.Context, pid int, t *target, rate int, m *mea
 		return nil, err
 	}
 	defer stop()
+	// In exactly-once mode, how many Kafka transactions the load made (the commit histogram's count).
+	const commitSeconds = "outbox_cdc_kafka_transaction_commit_seconds"
+	var commitsBefore histogram
+	if t.exactlyOnce() {
+		if commitsBefore, err = scrapeHistogram(ctx, t.metricsAddr, commitSeconds); err != nil {
+			return nil, err
+		}
+	}
 	sctx, stopSampling := context.WithCancel(ctx)
 	var trail []int64
 	sampled := make(chan struct{})
@@ -244,11 +253,20 @@ func (b *bench) steady(ctx context.Context, pid int, t *target, rate int, m *mea
 		}
 	}()
 	l := &latency{rate: rate}
+	began := time.Now()
 	l.sent, l.achieved, err = b.writeLoad(ctx, t.table, rate, b.c.steadyRows, b.c.steadyFor, times)
 	stopSampling()
 	<-sampled
 	if err != nil {
 		return nil, fmt.Errorf("write: %w", err)
+	}
+	if t.exactlyOnce() {
+		after, err := scrapeHistogram(ctx, t.metricsAddr, commitSeconds)
+		if err != nil {
+			return nil, err
+		}
+		_, n := after.quantileSince(commitsBefore, 0.5)
+		l.commits = float64(n) / time.Since(began).Seconds()
 	}
 	l.behind = !waitSeen(out, l.sent, 15*time.Second)
 	out.quantiles(l)

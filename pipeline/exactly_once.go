@@ -52,6 +52,8 @@ type txnHandler struct {
 	open       *checkpoint.Tx // a transaction with rows in it whose Commit has not arrived
 	behind     bool           // the last transaction with rows was read catchUpBehind or more late
 	lastCommit time.Time      // when the last Kafka transaction was committed
+	lastTxEnd  time.Time      // when the last PostgreSQL transaction with rows ended
+	txGap      time.Duration  // moving average of the time between such ends (each capped at the interval)
 	skipped    atomic.Int64   // rows skipped as already in Kafka
 	skippedTx  *checkpoint.Tx // the last transaction skipped, counted once
 	skippedTxs int
@@ -65,6 +67,10 @@ const (
 	catchUpBehind = time.Second
 	// catchUpFactor is how many times longer and larger a Kafka transaction grows while catching up.
 	catchUpFactor = 8
+	// busyGaps: the stream counts as busy while PostgreSQL transactions with rows end, on average,
+	// less than interval/busyGaps apart; a busy stream's commits on a quiet stream come at most
+	// every half interval (see FlushDue).
+	busyGaps = 4
 )
 
 // catchUpInterval is how long a Kafka transaction stays open while the stream catches up:
@@ -136,6 +142,9 @@ func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end check
 	if checkpoint.AlreadyDelivered(tx.CommitLSN(), h.skipBelow) {
 		return nil
 	}
+	if h.open == tx {
+		h.noteEnd(time.Now())
+	}
 	h.open = nil
 	h.lastEnd = end
 	h.txns++
@@ -161,12 +170,45 @@ func (h *txnHandler) idlePosition() checkpoint.LSN {
 	return min(h.tracker.Watermark(), h.verified())
 }
 
+// noteEnd notes that a PostgreSQL transaction with rows ended at now, for the average gap (busy).
+func (h *txnHandler) noteEnd(now time.Time) {
+	if !h.lastTxEnd.IsZero() {
+		gap := min(now.Sub(h.lastTxEnd), h.interval)
+		if h.txGap == 0 {
+			h.txGap = gap
+		} else {
+			h.txGap += (gap - h.txGap) / 8
+		}
+	}
+	h.lastTxEnd = now
+}
+
+// busy reports whether transactions with rows follow one another closely: more than busyGaps of
+// them per interval on average.
+func (h *txnHandler) busy() bool {
+	return h.txGap > 0 && h.txGap < h.interval/busyGaps
+}
+
 // FlushDue implements replication.Batcher.
+//
+// A commit on a quiet stream (kafka.quiet_flush) keeps a lone transaction from waiting for the
+// interval. On a busy stream the gaps between transactions look quiet too, and every gap would
+// commit: measured at 10,000 events/s in 10-row transactions, 420 Kafka transactions/s, each one
+// work for the transaction coordinator (the state log, a marker on every partition), which on a
+// host with other work made the tail wait hundreds of milliseconds. So on a busy stream a commit
+// on a quiet stream comes at most every half interval; the interval and
+// kafka.transaction_max_records bound a transaction as before.
 func (h *txnHandler) FlushDue() time.Time {
 	if h.records > 0 {
 		due := h.firstAt.Add(h.currentInterval())
 		if h.clock.quiet > 0 {
-			due = minTime(due, h.clock.due())
+			q := h.clock.due()
+			if h.busy() {
+				if spaced := h.lastCommit.Add(h.interval / 2); spaced.After(q) {
+					q = spaced
+				}
+			}
+			due = minTime(due, q)
 		}
 		return due
 	}
