@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -548,4 +549,88 @@ func BenchmarkTimestamptzToRFC3339(b *testing.B) {
 			_ = ts.Time.UTC().AppendFormat(nil, time.RFC3339Nano)
 		}
 	})
+}
+
+// flushRecorder is a Batcher whose Flush is due at a set time; it records when Flush ran.
+type flushRecorder struct {
+	recordingHandler
+	due     time.Time
+	flushed chan time.Time
+}
+
+func (b *flushRecorder) Committed(context.Context, *checkpoint.Tx, LSN) error { return nil }
+func (b *flushRecorder) FlushDue() time.Time                                  { return b.due }
+func (b *flushRecorder) Flush(context.Context) error {
+	b.due = time.Time{}
+	b.flushed <- time.Now()
+	return nil
+}
+
+// TestReceiveWaitsAreBoundedAndInterruptible: the stream reads without a context per message (the
+// socket's read deadline bounds each wait), so three things must still hold on a server that sends
+// nothing: a batcher's Flush runs when due, not at the end of the second-long receive wait; the end
+// of Run's context ends a blocked read at once; and the read deadline does not outlive Run, so that
+// Finish's reads after it are not cut short.
+func TestReceiveWaitsAreBoundedAndInterruptible(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	go func() { _, _ = io.Copy(io.Discard, server) }() // the server reads (status updates) and sends nothing
+	cfg, err := pgconn.ParseConfig("postgres://outbox@127.0.0.1/outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Frontend: pgproto3.NewFrontend(client, client), Config: cfg, ParameterStatuses: map[string]string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newTestStream()
+	st.conn = conn
+	st.opts.StatusInterval = 10 * time.Second // one receive may wait a second (receiveWait)
+	due := time.Now().Add(150 * time.Millisecond)
+	h := &flushRecorder{due: due, flushed: make(chan time.Time, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- st.Run(ctx, checkpoint.NewTracker(100), h) }()
+
+	select {
+	case at := <-h.flushed:
+		if late := at.Sub(due); late > 500*time.Millisecond {
+			t.Errorf("Flush ran %s after it was due: the receive waited past the batcher's due time", late.Round(time.Millisecond))
+		}
+	case err := <-done:
+		t.Fatalf("Run returned before the flush: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Flush did not run within 5 s of being due")
+	}
+
+	time.Sleep(50 * time.Millisecond) // Run is blocked in a receive again
+	canceled := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run returned %v after its context ended, want context.Canceled", err)
+		}
+		if took := time.Since(canceled); took > 500*time.Millisecond {
+			t.Errorf("Run returned %s after its context ended: the blocked read was not interrupted", took.Round(time.Millisecond))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5 s of its context ending")
+	}
+
+	// A read after Run (as Finish's) waits for the server, unbounded by Run's last deadline.
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = server.Write([]byte{'Z', 0, 0, 0, 5, 'I'}) // ReadyForQuery
+	}()
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	msg, err := conn.ReceiveMessage(rctx)
+	if err != nil {
+		t.Fatalf("a read after Run failed: %v (Run's read deadline outlived it)", err)
+	}
+	if _, ok := msg.(*pgproto3.ReadyForQuery); !ok {
+		t.Fatalf("a read after Run got %T, want ReadyForQuery", msg)
+	}
 }

@@ -90,8 +90,10 @@ type Stream struct {
 	// every message until it expires, rather than one timer per message.
 	wait       context.Context
 	cancelWait context.CancelFunc
-	lastSent   time.Time
-	sentLSN    LSN
+	// readDeadline is the read deadline set on the socket (see receive).
+	readDeadline time.Time
+	lastSent     time.Time
+	sentLSN      LSN
 	// writeTimeout bounds every write to the server (statusTimeout).
 	writeTimeout time.Duration
 	// heard is when the server was last heard from, or when the stream last went back to listening
@@ -216,7 +218,9 @@ func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 // Options.StartLSN and be used by this stream only.
 func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) error {
 	s.tracker = tr
+	release := s.interruptReads(ctx)
 	defer func() {
+		release()
 		if s.cancelWait != nil {
 			s.cancelWait()
 		}
@@ -233,11 +237,13 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 		if err := s.maybeSendStatus(false); err != nil {
 			return err
 		}
-		wait := s.waitContext(ctx)
+		deadline, _ := s.waitContext(ctx).Deadline()
 		if batcher != nil && s.current == nil {
-			wait = s.waitUntil(ctx, batcher.FlushDue())
+			if due := batcher.FlushDue(); !due.IsZero() && due.Before(deadline) {
+				deadline = due // so that the batcher's Flush is not late
+			}
 		}
-		msg, err := s.conn.ReceiveMessage(wait)
+		msg, err := s.receive(ctx, deadline)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -298,18 +304,42 @@ func (s *Stream) waitContext(ctx context.Context) context.Context {
 	return s.wait
 }
 
-// waitUntil is waitContext, expiring no later than due (when due is not zero), so that a batcher's
-// Flush is not late.
-func (s *Stream) waitUntil(ctx context.Context, due time.Time) context.Context {
-	wait := s.waitContext(ctx)
-	if due.IsZero() {
-		return wait
+// receive reads the next message from the server, waiting until deadline at most. It gives pgconn
+// no context: pgconn would watch one per message (a context.AfterFunc registered and removed on every
+// message, a few percent of the stream's CPU under load). The socket's read deadline bounds the wait
+// instead, set only when it changes, and interruptReads ends a read when Run's context ends.
+func (s *Stream) receive(ctx context.Context, deadline time.Time) (pgproto3.BackendMessage, error) {
+	if !deadline.Equal(s.readDeadline) {
+		if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+			return nil, fmt.Errorf("receive from replication connection: set the read deadline: %w", err)
+		}
+		s.readDeadline = deadline
 	}
-	if deadline, ok := wait.Deadline(); ok && deadline.After(due) {
-		s.cancelWait()
-		s.wait, s.cancelWait = context.WithDeadline(ctx, due)
+	// Checked after the deadline is set: a context that ends from now on interrupts the read (its
+	// interrupt sets the deadline after this one), and one that ended before is seen here.
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	return s.wait
+	return s.conn.ReceiveMessage(context.Background())
+}
+
+// interruptReads makes the end of ctx end a receive in progress (by moving the socket's read deadline
+// to now) until release is called. release waits for an interrupt under way and clears the read
+// deadline, so that later reads on the connection (Finish's) are not cut short.
+func (s *Stream) interruptReads(ctx context.Context) (release func()) {
+	nc := s.conn.Conn()
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = nc.SetReadDeadline(time.Now()) // an error: the connection is closed, and reads fail anyway
+		close(interrupted)
+	})
+	return func() {
+		if !stop() {
+			<-interrupted
+		}
+		_ = nc.SetReadDeadline(time.Time{})
+		s.readDeadline = time.Time{}
+	}
 }
 
 // receiveWait is how long one receive may block: short enough to confirm a moved watermark within

@@ -44,10 +44,12 @@ type Rules struct {
 
 	// resolved caches the topics a template with one column made, valid and allowed, by that
 	// column's value: the template, the name check and the allowed patterns run once per event type,
-	// not once per row. Bounded by maxResolved.
+	// not once per row. A template without columns (one fixed topic) is cached under "". Bounded by
+	// maxResolved.
 	mu       sync.Mutex
 	resolved map[string]string
 	single   string // the template's only column (singleColumn), set once by NewRules
+	constant bool   // the template reads no column, set once by NewRules
 }
 
 // maxResolved bounds Rules.resolved; past it the cache starts over.
@@ -123,6 +125,7 @@ func NewRules(routing config.Routing, cols config.Columns) (*Rules, error) {
 		}
 	}
 	r.single = r.singleColumn()
+	r.constant = len(r.parts) > 0 && len(r.TemplateColumns()) == 0
 	return r, nil
 }
 
@@ -172,9 +175,12 @@ func (r *Rules) Topic(row Row) (string, error) {
 		return r.orFallback(fmt.Sprintf("no routing.topics entry for event type %q and no topic template", et))
 	}
 	column := r.single
+	cached := column != "" || r.constant
 	var cacheKey []byte
-	if column != "" {
-		cacheKey, _ = row.Value(column)
+	if cached {
+		if column != "" {
+			cacheKey, _ = row.Value(column)
+		}
 		r.mu.Lock()
 		t, ok := r.resolved[string(cacheKey)]
 		r.mu.Unlock()
@@ -204,7 +210,7 @@ func (r *Rules) Topic(row Row) (string, error) {
 	if why := r.refused(topic); why != "" {
 		return "", &undeliverable{reason: why}
 	}
-	if column != "" {
+	if cached {
 		r.mu.Lock()
 		if r.resolved == nil || len(r.resolved) >= maxResolved {
 			r.resolved = make(map[string]string)

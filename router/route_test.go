@@ -189,3 +189,33 @@ func TestConstantTemplateIsCheckedAtStart(t *testing.T) {
 		t.Errorf("a valid constant template refused: %v", err)
 	}
 }
+
+// TestConstantTemplateIsResolvedOnce: a template without placeholders is one topic: it is checked
+// (name, allow-list, reserved topics) on its first row and cached, and a refused one stays refused on
+// every row, the cache notwithstanding.
+func TestConstantTemplateIsResolvedOnce(t *testing.T) {
+	r, err := NewRules(config.Routing{Topic: "orders.all"}, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if topic, err := r.Topic(mapRow{"event_type": "OrderPaid" + strings.Repeat("x", i)}); err != nil || topic != "orders.all" {
+			t.Fatalf("row %d went to %q (%v), want orders.all", i, topic, err)
+		}
+	}
+	if got, ok := r.resolved[""]; !ok || got != "orders.all" || len(r.resolved) != 1 {
+		t.Errorf("the constant template's topic is not cached once: %v", r.resolved)
+	}
+
+	refused, err := NewRules(config.Routing{Topic: "outbox-cdc.checkpoints"}, defaultCols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused.Reserve("outbox-cdc_checkpoints", "kafka.checkpoint_topic")
+	for i := range 3 {
+		var u *undeliverable
+		if _, err := refused.Topic(mapRow{"event_type": "OrderPaid"}); !errors.As(err, &u) || !strings.Contains(u.reason, "kafka.checkpoint_topic") {
+			t.Errorf("row %d to a reserved constant topic: %v, want undeliverable naming kafka.checkpoint_topic", i, err)
+		}
+	}
+}
