@@ -148,16 +148,46 @@ type SourceObserver struct {
 	name                                            string
 	produceLatency, endToEnd, txnRecords, txnCommit prometheus.Observer
 	txnFlush, txnEnd, txnSettle                     prometheus.Observer
+
+	// counters caches the events_produced_total counter of each (topic, event type) seen, so that an
+	// acknowledged record costs a map lookup, not a label key built and two locked lookups. Bounded
+	// by maxLabelSets: past it, the slow path (which counts further combinations under _other).
+	mu       sync.Mutex
+	counters map[producedKey]prometheus.Counter
 }
+
+// producedKey is a record's (topic, event type) as the router reports it.
+type producedKey struct{ topic, eventType string }
 
 // Produced implements router.Observer.
 func (o *SourceObserver) Produced(topic, eventType string, _ int, produceLatency, endToEnd time.Duration) {
-	topic, eventType = o.m.bounded(o.name, topic, eventType)
-	o.m.produced.WithLabelValues(o.name, topic, eventType).Inc()
+	o.producedCounter(topic, eventType).Inc()
 	o.produceLatency.Observe(produceLatency.Seconds())
 	if endToEnd > 0 {
 		o.endToEnd.Observe(endToEnd.Seconds())
 	}
+}
+
+// producedCounter is the events_produced_total counter for (topic, eventType), its labels bounded.
+func (o *SourceObserver) producedCounter(topic, eventType string) prometheus.Counter {
+	k := producedKey{topic, eventType}
+	o.mu.Lock()
+	c, ok := o.counters[k]
+	o.mu.Unlock()
+	if ok {
+		return c
+	}
+	bt, be := o.m.bounded(o.name, topic, eventType)
+	c = o.m.produced.WithLabelValues(o.name, bt, be)
+	o.mu.Lock()
+	if o.counters == nil {
+		o.counters = make(map[producedKey]prometheus.Counter)
+	}
+	if len(o.counters) < maxLabelSets {
+		o.counters[k] = c
+	}
+	o.mu.Unlock()
+	return c
 }
 
 // DeadLettered implements router.Observer.

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
@@ -339,5 +341,36 @@ func TestSources(t *testing.T) {
 	}
 	if code, _ := get(t, h, "/readyz"); code != 200 {
 		t.Errorf("/readyz after unwatching the failing source = %d, want 200", code)
+	}
+}
+
+// TestProducedCountsEveryRecordOnce: acknowledged records are counted by (topic, event type) through
+// the observer's counter cache: each record once, under its own labels, and past maxLabelSets under
+// _other, however many distinct event types arrive.
+func TestProducedCountsEveryRecordOnce(t *testing.T) {
+	m := New()
+	o := m.Source("s1")
+	want := map[[2]string]float64{}
+	for i := range 3 * maxLabelSets {
+		topic, et := "orders", fmt.Sprintf("T%d", i%(2*maxLabelSets))
+		if i%3 == 0 {
+			topic = "payments"
+		}
+		o.Produced(topic, et, 1, time.Millisecond, 0)
+		tt, ee := m.bounded("s1", topic, et) // the labels the record must be counted under
+		want[[2]string{tt, ee}]++
+	}
+	var total float64
+	for labels, n := range want {
+		if got := testutil.ToFloat64(m.produced.WithLabelValues("s1", labels[0], labels[1])); got != n {
+			t.Errorf("topic %q, event type %q: counted %v, want %v", labels[0], labels[1], got, n)
+		}
+		total += n
+	}
+	if total != 3*maxLabelSets {
+		t.Fatalf("the test counted %v records, want %d", total, 3*maxLabelSets)
+	}
+	if _, ok := want[[2]string{"_other", "_other"}]; !ok {
+		t.Fatal("no record went past maxLabelSets: the test does not reach the bound")
 	}
 }

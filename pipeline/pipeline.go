@@ -1066,6 +1066,10 @@ type handler struct {
 	// skip (at-least-once), when not nil, skips the transactions an earlier session of this process
 	// saw acknowledged by Kafka.
 	skip *skipper
+	// ackTx and ack are the last transaction delivered and its acknowledgement callback, shared by
+	// its rows: one closure per transaction, not per row.
+	ackTx *checkpoint.Tx
+	ack   func()
 }
 
 // skipper skips whole transactions committed below a position, counting them.
@@ -1101,6 +1105,10 @@ func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replicatio
 		return err
 	}
 	h.tracker.Add(tx)
-	h.router.Produce(prepared, func() { h.tracker.Ack(tx) })
+	if h.ackTx != tx {
+		tracker := h.tracker
+		h.ackTx, h.ack = tx, func() { tracker.Ack(tx) }
+	}
+	h.router.Produce(prepared, h.ack)
 	return nil
 }
