@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -217,5 +218,26 @@ func TestConstantTemplateIsResolvedOnce(t *testing.T) {
 		if _, err := refused.Topic(mapRow{"event_type": "OrderPaid"}); !errors.As(err, &u) || !strings.Contains(u.reason, "kafka.checkpoint_topic") {
 			t.Errorf("row %d to a reserved constant topic: %v, want undeliverable naming kafka.checkpoint_topic", i, err)
 		}
+	}
+}
+
+// TestEventTypesAreInterned: the event type kept with a prepared record (its metrics label) is one
+// string per event type, equal to the row's, and the interning table starts over past its bound.
+func TestEventTypesAreInterned(t *testing.T) {
+	var r Router
+	a, b := r.eventType([]byte("OrderPaid")), r.eventType([]byte("OrderPaid"))
+	if a != "OrderPaid" || b != "OrderPaid" {
+		t.Fatalf("event types %q, %q, want OrderPaid", a, b)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _ = r.eventType([]byte("OrderPaid")) }); allocs != 0 {
+		t.Errorf("an event type seen before costs %v allocations, want 0", allocs)
+	}
+	for i := range 2 * maxResolved {
+		if got, want := r.eventType([]byte(strings.Repeat("x", i%50)+string(rune('a'+i%26))+strconv.Itoa(i))), strings.Repeat("x", i%50)+string(rune('a'+i%26))+strconv.Itoa(i); got != want {
+			t.Fatalf("event type %q came back as %q", want, got)
+		}
+	}
+	if len(r.types) > maxResolved {
+		t.Errorf("%d interned event types, want at most %d", len(r.types), maxResolved)
 	}
 }

@@ -194,6 +194,11 @@ type Router struct {
 
 	rejectedUpTo atomic.Uint64
 
+	// types interns the event types of prepared records (their metrics label): one string per event
+	// type, not one per row. Bounded by maxResolved; typesMu guards it.
+	typesMu sync.Mutex
+	types   map[string]string
+
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
@@ -381,6 +386,21 @@ type Prepared struct {
 	prep *topicPrep
 }
 
+// eventType is t as a string, interned (see Router.types).
+func (r *Router) eventType(t []byte) string {
+	r.typesMu.Lock()
+	defer r.typesMu.Unlock()
+	if s, ok := r.types[string(t)]; ok {
+		return s
+	}
+	s := string(t)
+	if r.types == nil || len(r.types) >= maxResolved {
+		r.types = make(map[string]string)
+	}
+	r.types[s] = s
+	return s
+}
+
 // Prepare routes row and takes room for it under the in-flight caps, blocking while they are reached.
 // If ctx ends first it returns ctx's error and holds nothing. It returns the router's failure once
 // there is one, and an *UndeliverableError for a row that can never be delivered when no
@@ -423,7 +443,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	// nothing else is in flight and then goes alone.
 	p := &Prepared{rec: rec, src: src, size: int64(size), span: span, prep: prep}
 	if t, ok := row.Value(r.opts.Columns.EventType); ok && r.opts.Columns.EventType != "" {
-		p.typ = string(t)
+		p.typ = r.eventType(t)
 	}
 	if prep != nil {
 		// The row is kept for the timestamp, which needs the topic's bounds.
