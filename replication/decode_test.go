@@ -494,16 +494,8 @@ func TestISOTimestampFastPathAgrees(t *testing.T) {
 func TestStatusUpdateIsBoundedWhenThePeerStopsReading(t *testing.T) {
 	client, server := net.Pipe() // writes block until the other end reads: it never does
 	defer server.Close()
-	cfg, err := pgconn.ParseConfig("postgres://outbox@127.0.0.1/outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Frontend: pgproto3.NewFrontend(client, client), Config: cfg, ParameterStatuses: map[string]string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st := newTestStream()
-	st.conn = conn
+	st.conn = pipeConn(t, client)
 	st.writeTimeout = 200 * time.Millisecond
 	start := time.Now()
 	done := make(chan error, 1)
@@ -575,16 +567,8 @@ func TestReceiveWaitsAreBoundedAndInterruptible(t *testing.T) {
 	client, server := net.Pipe()
 	defer server.Close()
 	go func() { _, _ = io.Copy(io.Discard, server) }() // the server reads (status updates) and sends nothing
-	cfg, err := pgconn.ParseConfig("postgres://outbox@127.0.0.1/outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Frontend: pgproto3.NewFrontend(client, client), Config: cfg, ParameterStatuses: map[string]string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st := newTestStream()
-	st.conn = conn
+	st.conn = pipeConn(t, client)
 	st.opts.StatusInterval = 10 * time.Second // one receive may wait a second (receiveWait)
 	due := time.Now().Add(150 * time.Millisecond)
 	h := &flushRecorder{due: due, flushed: make(chan time.Time, 1)}
@@ -626,11 +610,26 @@ func TestReceiveWaitsAreBoundedAndInterruptible(t *testing.T) {
 	}()
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
-	msg, err := conn.ReceiveMessage(rctx)
+	msg, err := st.conn.ReceiveMessage(rctx)
 	if err != nil {
 		t.Fatalf("a read after Run failed: %v (Run's read deadline outlived it)", err)
 	}
 	if _, ok := msg.(*pgproto3.ReadyForQuery); !ok {
 		t.Fatalf("a read after Run got %T, want ReadyForQuery", msg)
 	}
+}
+
+// pipeConn is a PostgreSQL connection over client, one end of a net.Pipe whose other end the test
+// plays the server on.
+func pipeConn(t *testing.T, client net.Conn) *pgconn.PgConn {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig("postgres://outbox@127.0.0.1/outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Frontend: pgproto3.NewFrontend(client, client), Config: cfg, ParameterStatuses: map[string]string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
