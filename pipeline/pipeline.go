@@ -1100,7 +1100,7 @@ func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replicatio
 	if h.skip.skips(tx) {
 		return nil
 	}
-	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: row.LSN.String(), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
+	prepared, err := h.router.Prepare(ctx, &row, router.Source{LSN: uint64(row.LSN), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
 	if err != nil {
 		return err
 	}

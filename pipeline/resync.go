@@ -214,7 +214,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snaps []*replication.Sna
 	inTxn := 0
 	tracker := checkpoint.NewTracker(0)
 	tx := tracker.Begin(time.Now(), cp)
-	src := router.Source{LSN: "snapshot@" + cp.String()}
+	src := router.Source{LSN: uint64(cp), Snapshot: true}
 	var sent int64
 	lastProgress := time.Time{}
 	report := func(force bool) {

@@ -67,7 +67,7 @@ func prepareQuickly(t *testing.T, r *Router, rw Row, limit time.Duration) *Prepa
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	p, err := r.Prepare(ctx, rw, Source{LSN: "0/1", CommitLSN: 1})
+	p, err := r.Prepare(ctx, rw, Source{LSN: 1, CommitLSN: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

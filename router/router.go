@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
@@ -95,13 +96,25 @@ type Observer interface {
 
 // Source describes where a row came from, for dead-letter headers, latency metrics and isolation.
 type Source struct {
-	// LSN is the WAL position of the row, formatted as PostgreSQL does.
-	LSN string
+	// LSN is the WAL position of the row; for a row of resync's snapshot (Snapshot), the snapshot's
+	// consistent point. It is formatted only when needed (Position): not for every row.
+	LSN uint64
+	// Snapshot says the row was read from the table's snapshot by resync, not from the WAL.
+	Snapshot bool
 	// CommitTime is the commit time of the row's transaction.
 	CommitTime time.Time
 	// CommitLSN is the commit position of the row's transaction (zero when the row does not come
 	// from the WAL): a rejected batch is replayed alone up to the highest one (Options.IsolateUntil).
 	CommitLSN uint64
+}
+
+// Position formats where the row came from as dead-letter headers, logs and spans show it: the row's
+// WAL position as PostgreSQL writes it (16/B374D848), or snapshot@ and the snapshot's consistent point.
+func (s Source) Position() string {
+	if s.Snapshot {
+		return "snapshot@" + checkpoint.LSN(s.LSN).String()
+	}
+	return checkpoint.LSN(s.LSN).String()
 }
 
 // ErrConfig is returned (wrapped) for a Kafka setting that can never work (a CA file without a
@@ -384,6 +397,8 @@ type Prepared struct {
 	// prep is set when the record's topic was not ready at Prepare (Options.DeferNewTopics): the
 	// checks that need the topic, the timestamp and the span wait until it is.
 	prep *topicPrep
+	// space holds rec when the router built it (not a Debezium-format record): one allocation per row.
+	space recordWithHeaders
 }
 
 // eventType is t as a string, interned (see Router.types).
@@ -409,7 +424,8 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	rec, size, problem, class := resolve(r.rulesFor(row), r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
+	p := new(Prepared)
+	rec, size, problem, class := resolve(&p.space, r.rulesFor(row), r.opts.Columns, r.opts.Format, row, r.opts.Kafka.MaxMessageBytes)
 	alone := r.opts.IsolateUntil > 0 && src.CommitLSN != 0 && src.CommitLSN <= r.opts.IsolateUntil
 	var info topicInfo
 	var prep *topicPrep
@@ -441,7 +457,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	}
 	// The real size counts against the byte cap, however large: a record over the cap waits until
 	// nothing else is in flight and then goes alone.
-	p := &Prepared{rec: rec, src: src, size: int64(size), span: span, prep: prep}
+	p.rec, p.src, p.size, p.span, p.prep = rec, src, int64(size), span, prep
 	if t, ok := row.Value(r.opts.Columns.EventType); ok && r.opts.Columns.EventType != "" {
 		p.typ = r.eventType(t)
 	}
@@ -663,8 +679,9 @@ func (r *Router) rulesFor(row Row) *Rules {
 
 // resolve builds the record for row with its topic and size, or says why the row can never be
 // delivered (problem) and the class of that reason.
-func resolve(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
-	rec, problem = buildRecord(row, cols, f)
+// The record is made in space (nil: a new one).
+func resolve(space *recordWithHeaders, rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
+	rec, problem = buildRecordIn(space, row, cols, f)
 	class = "unroutable"
 	if pr, ok := row.(problemRow); ok && problem == nil {
 		if p := pr.Problem(); p != "" {
@@ -691,7 +708,7 @@ type problemRow interface {
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.
 // Dry runs use it.
 func Plan(rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (topic string, problem error) {
-	rec, _, problem, _ := resolve(rules, cols, f, row, maxMessageBytes)
+	rec, _, problem, _ := resolve(nil, rules, cols, f, row, maxMessageBytes)
 	return rec.Topic, problem
 }
 
@@ -725,7 +742,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, cl
 	}
 	own := []kgo.RecordHeader{
 		{Key: outbox.HeaderDLQReason, Value: []byte(truncate(reason, maxReasonBytes))},
-		{Key: outbox.HeaderDLQSourceLSN, Value: []byte(src.LSN)},
+		{Key: outbox.HeaderDLQSourceLSN, Value: []byte(src.Position())},
 		{Key: outbox.HeaderDLQTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	}
 	if orig.Topic != "" {
@@ -736,7 +753,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, cl
 		limit = v.(topicInfo).limit
 	}
 	fitDLQ(dlq, own, int(limit))
-	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.LSN)
+	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.Position())
 	client, _ := r.producer()
 	client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(size)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
 // failProduce makes the fake cluster answer every produce request for topic with errCode.
@@ -99,7 +100,7 @@ func send(t *testing.T, r *Router, rw Row, ack func()) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := r.Prepare(ctx, rw, Source{LSN: "0/1"})
+	p, err := r.Prepare(ctx, rw, Source{LSN: 1})
 	if err != nil {
 		return err
 	}
@@ -225,7 +226,7 @@ func testRejectedBatchIsolates(t *testing.T, transactional bool) {
 	produceAll := func(r *Router, acked *atomic.Int32) {
 		for _, rw := range rows {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			p, err := r.Prepare(ctx, rw, Source{LSN: "0/1", CommitLSN: commitLSN})
+			p, err := r.Prepare(ctx, rw, Source{LSN: 1, CommitLSN: commitLSN})
 			cancel()
 			if err != nil {
 				t.Fatal(err)
@@ -340,7 +341,7 @@ func TestRefusedTopicsAreUndeliverable(t *testing.T) {
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			p, err := r.Prepare(ctx, row("a.b", "e1"), Source{LSN: "0/1"})
+			p, err := r.Prepare(ctx, row("a.b", "e1"), Source{LSN: 1})
 			if err != nil {
 				t.Fatalf("prepare: %v", err)
 			}
@@ -425,7 +426,7 @@ func TestUndecodableRowIsDeadLettered(t *testing.T) {
 	bad := undecodedRow{row("Paid", "e-bad"), "column payload: bytea in hex format: encoding/hex: invalid byte"}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p, err := r.Prepare(ctx, bad, Source{LSN: "0/1"})
+	p, err := r.Prepare(ctx, bad, Source{LSN: 0x16B374D848})
 	if err != nil {
 		t.Fatalf("prepare: %v", err)
 	}
@@ -444,8 +445,20 @@ func TestUndecodableRowIsDeadLettered(t *testing.T) {
 		t.Errorf("dead-letter classes %v, want [undecodable]", obs.got)
 	}
 	obs.mu.Unlock()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var lsn string
+	for lsn == "" && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { lsn = header(r, outbox.HeaderDLQSourceLSN) })
+	}
+	if lsn != "16/B374D848" {
+		t.Errorf("dead letter's %s header %q, want the row's WAL position 16/B374D848", outbox.HeaderDLQSourceLSN, lsn)
+	}
 	good := undecodedRow{row("Paid", "e-good"), ""}
-	if p, err := r.Prepare(ctx, good, Source{LSN: "0/2"}); err != nil || p.Topic() != "Paid" {
+	if p, err := r.Prepare(ctx, good, Source{LSN: 2}); err != nil || p.Topic() != "Paid" {
 		t.Fatalf("a row without a problem went to %q (%v)", p.Topic(), err)
 	}
 
@@ -454,6 +467,25 @@ func TestUndecodableRowIsDeadLettered(t *testing.T) {
 	var u *UndeliverableError
 	if !errors.As(err, &u) || u.EventID != "e-bad" || !strings.Contains(err.Error(), "column payload") {
 		t.Fatalf("got %v, want an UndeliverableError naming e-bad and the column", err)
+	}
+}
+
+// TestSourcePosition: a row's position is written as PostgreSQL writes an LSN; a snapshot's row
+// names the snapshot.
+func TestSourcePosition(t *testing.T) {
+	for _, c := range []struct {
+		src  Source
+		want string
+	}{
+		{Source{}, "0/0"},
+		{Source{LSN: 1}, "0/1"},
+		{Source{LSN: 0x16B374D848}, "16/B374D848"},
+		{Source{LSN: 0xFFFFFFFFFFFFFFFF}, "FFFFFFFF/FFFFFFFF"},
+		{Source{LSN: 0x1000000000, Snapshot: true}, "snapshot@10/0"},
+	} {
+		if got := c.src.Position(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.src, got, c.want)
+		}
 	}
 }
 
@@ -724,7 +756,7 @@ func TestNothingFollowsAFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	late, err := r.Prepare(ctx, row("orders", "e5"), Source{LSN: "0/1"})
+	late, err := r.Prepare(ctx, row("orders", "e5"), Source{LSN: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

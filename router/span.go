@@ -27,7 +27,7 @@ func (r *Router) startSpan(rec *kgo.Record, src Source) trace.Span {
 			attribute.String("messaging.destination.name", rec.Topic),
 			attribute.String("messaging.message.id", eventID(rec)),
 			attribute.String("db.system.name", "postgresql"),
-			attribute.String("outbox.source_lsn", src.LSN),
+			attribute.String("outbox.source_lsn", src.Position()),
 		),
 	}
 	if len(rec.Key) > 0 {

@@ -114,7 +114,7 @@ func TestProducerSpans(t *testing.T) {
 		if tc != "" {
 			row["trace"] = tc
 		}
-		p, err := r.Prepare(ctx, row, Source{LSN: "0/1", CommitTime: commit})
+		p, err := r.Prepare(ctx, row, Source{LSN: 0x16B374D848, CommitTime: commit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +141,7 @@ func TestProducerSpans(t *testing.T) {
 	for _, a := range s.Attributes() {
 		attrs[string(a.Key)] = a.Value.Emit()
 	}
-	if attrs["messaging.destination.name"] != "A" || attrs["messaging.message.id"] != "e0" || attrs["messaging.kafka.offset"] == "" {
+	if attrs["messaging.destination.name"] != "A" || attrs["messaging.message.id"] != "e0" || attrs["messaging.kafka.offset"] == "" || attrs["outbox.source_lsn"] != "16/B374D848" {
 		t.Errorf("attributes %v", attrs)
 	}
 	// What Kafka holds carries the producer span's context.
