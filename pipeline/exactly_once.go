@@ -52,8 +52,7 @@ type txnHandler struct {
 	open       *checkpoint.Tx // a transaction with rows in it whose Commit has not arrived
 	behind     bool           // the last transaction with rows was read catchUpBehind or more late
 	lastCommit time.Time      // when the last Kafka transaction was committed
-	lastTxEnd  time.Time      // when the last PostgreSQL transaction with rows ended
-	txGap      time.Duration  // moving average of the time between such ends (each capped at the interval)
+	pace       txPace         // how closely PostgreSQL transactions with rows follow one another
 	skipped    atomic.Int64   // rows skipped as already in Kafka
 	skippedTx  *checkpoint.Tx // the last transaction skipped, counted once
 	skippedTxs int
@@ -68,8 +67,9 @@ const (
 	// catchUpFactor is how many times longer and larger a Kafka transaction grows while catching up.
 	catchUpFactor = 8
 	// busyGaps: the stream counts as busy while PostgreSQL transactions with rows end, on average,
-	// less than interval/busyGaps apart; a busy stream's commits on a quiet stream come at most
-	// every half interval (see FlushDue).
+	// less than interval/busyGaps apart (txPace); a busy stream's commits on a quiet stream come at
+	// most every half interval (see FlushDue), and so do at-least-once's sends on a quiet stream,
+	// every half linger (quietHandler.FlushDue).
 	busyGaps = 4
 )
 
@@ -143,7 +143,7 @@ func (h *txnHandler) Committed(ctx context.Context, tx *checkpoint.Tx, end check
 		return nil
 	}
 	if h.open == tx {
-		h.noteEnd(time.Now())
+		h.pace.note(h.clock.lastEnd)
 	}
 	h.open = nil
 	h.lastEnd = end
@@ -170,25 +170,6 @@ func (h *txnHandler) idlePosition() checkpoint.LSN {
 	return min(h.tracker.Watermark(), h.verified())
 }
 
-// noteEnd notes that a PostgreSQL transaction with rows ended at now, for the average gap (busy).
-func (h *txnHandler) noteEnd(now time.Time) {
-	if !h.lastTxEnd.IsZero() {
-		gap := min(now.Sub(h.lastTxEnd), h.interval)
-		if h.txGap == 0 {
-			h.txGap = gap
-		} else {
-			h.txGap += (gap - h.txGap) / 8
-		}
-	}
-	h.lastTxEnd = now
-}
-
-// busy reports whether transactions with rows follow one another closely: more than busyGaps of
-// them per interval on average.
-func (h *txnHandler) busy() bool {
-	return h.txGap > 0 && h.txGap < h.interval/busyGaps
-}
-
 // FlushDue implements replication.Batcher.
 //
 // A commit on a quiet stream (kafka.quiet_flush) keeps a lone transaction from waiting for the
@@ -203,7 +184,7 @@ func (h *txnHandler) FlushDue() time.Time {
 		due := h.firstAt.Add(h.currentInterval())
 		if h.clock.quiet > 0 {
 			q := h.clock.due()
-			if h.busy() {
+			if h.pace.busy() {
 				if spaced := h.lastCommit.Add(h.interval / 2); spaced.After(q) {
 					q = spaced
 				}

@@ -415,7 +415,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		}
 		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval,
 			catchUp: catchUpInterval(cfg.Kafka.TransactionInterval, cfg.Kafka.TransactionTimeout), clock: quietClock{quiet: cfg.Kafka.QuietFlush},
-			maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
+			pace: txPace{bound: cfg.Kafka.TransactionInterval}, maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		eos.failedTxns.Store(-1)
 		if last != nil {
@@ -491,7 +491,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	case eos != nil:
 		eos.handler = base
 	case cfg.Kafka.QuietFlush > 0 && cfg.Kafka.Linger > 0:
-		h = &quietHandler{handler: base, clock: quietClock{quiet: cfg.Kafka.QuietFlush}}
+		h = &quietHandler{handler: base, clock: quietClock{quiet: cfg.Kafka.QuietFlush}, pace: txPace{bound: cfg.Kafka.Linger}}
 	default:
 		h = &base
 	}
@@ -1017,13 +1017,42 @@ func (q *quietClock) due() time.Time {
 	return q.lastEnd.Add(q.quiet)
 }
 
+// txPace measures how closely PostgreSQL transactions with rows follow one another: a moving
+// average of the gaps between their ends, each gap counted as at most bound, so that after a long
+// idle period a busy stream is seen within a few transactions.
+type txPace struct {
+	bound   time.Duration
+	lastEnd time.Time     // when the last transaction with rows ended
+	gap     time.Duration // the average gap; 0 until two have ended
+}
+
+// note notes that a transaction with rows ended at now.
+func (p *txPace) note(now time.Time) {
+	if !p.lastEnd.IsZero() {
+		gap := min(now.Sub(p.lastEnd), p.bound)
+		if p.gap == 0 {
+			p.gap = gap
+		} else {
+			p.gap += (gap - p.gap) / 8
+		}
+	}
+	p.lastEnd = now
+}
+
+// busy reports whether transactions with rows end, on average, less than bound/busyGaps apart.
+func (p *txPace) busy() bool {
+	return p.gap > 0 && p.gap < p.bound/busyGaps
+}
+
 // quietHandler is the at-least-once handler that sends what lingers in the producer as soon as the
 // WAL stream is quiet (quietClock): low latency at low load, lingering batches under load, without a
 // knob to choose between them.
 type quietHandler struct {
 	handler
-	clock   quietClock
-	pending bool // rows were produced since the last kick
+	clock    quietClock
+	pace     txPace    // bound: kafka.linger
+	lastKick time.Time // when what lingered was last sent at once
+	pending  bool      // rows were produced since the last kick
 }
 
 var _ replication.Batcher = (*quietHandler)(nil)
@@ -1040,21 +1069,39 @@ func (h *quietHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row repli
 
 // Committed implements replication.Batcher.
 func (h *quietHandler) Committed(context.Context, *checkpoint.Tx, checkpoint.LSN) error {
+	rows := !h.clock.txStart.IsZero()
 	h.clock.end()
+	if rows {
+		h.pace.note(h.clock.lastEnd)
+	}
 	return nil
 }
 
 // FlushDue implements replication.Batcher.
+//
+// On a busy stream (txPace) the short gaps between transactions look quiet too, and a send at every
+// one of them turns the linger off: at 10,000 events/s in 10-row transactions about a thousand small
+// produce requests a second, each one work for the broker and for this process, which tells on a
+// shared host (measured with the bench's CPU burner on one core: p99 44 ms, against 26 ms with the
+// linger alone). So on a busy stream a send on a quiet stream comes at most every half linger after
+// the one before; a lone transaction still goes out at once.
 func (h *quietHandler) FlushDue() time.Time {
 	if !h.pending {
 		return time.Time{}
 	}
-	return h.clock.due()
+	due := h.clock.due()
+	if h.pace.busy() {
+		if spaced := h.lastKick.Add(h.pace.bound / 2); spaced.After(due) {
+			due = spaced
+		}
+	}
+	return due
 }
 
 // Flush implements replication.Batcher: it kicks the producer and does not wait.
 func (h *quietHandler) Flush(context.Context) error {
 	h.pending = false
+	h.lastKick = time.Now()
 	h.router.Kick()
 	return nil
 }
