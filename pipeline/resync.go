@@ -224,6 +224,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snaps []*replication.Sna
 			lastProgress = time.Now()
 		}
 	}
+	ack := func() { tracker.Ack(tx) } // every snapshot row is in tx: one callback for all of them
 	err = p.eachSnapshotRow(ctx, snaps, o, counts, func(row *replication.Row) error {
 		prepared, err := rt.Prepare(ctx, row, src)
 		if err != nil {
@@ -235,7 +236,7 @@ func (p *Pipeline) publishSnapshot(ctx context.Context, snaps []*replication.Sna
 		}
 		res.PerTopic[topic]++
 		tracker.Add(tx)
-		rt.Produce(prepared, func() { tracker.Ack(tx) })
+		rt.Produce(prepared, ack)
 		sent++
 		res.Rows++
 		report(false)
