@@ -125,10 +125,12 @@ func env() (map[string]string, error) {
 	return out, nil
 }
 
-// faultAt is one injected fault: its kind and when it began.
+// faultAt is one injected fault: its kind, when it began and when it ended (the router restarted,
+// the service back); end is zero while it runs.
 type faultAt struct {
 	kind string
 	at   time.Time
+	end  time.Time
 }
 
 // suite is one chaos run's state.
@@ -297,36 +299,51 @@ func run(ctx context.Context, o options) (bool, error) {
 }
 
 // duplicatesByFault says how many duplicate records each kind of fault caused, and how many per
-// fault of that kind. A duplicate is put down to the first fault injected after its event was
-// committed: the event was sent before that fault, and the replay after it sent it again. An event
-// sent twice with no fault after its commit counts as "none" (a needless duplicate).
+// fault of that kind. A duplicate is put down to the first fault that had not ended when its event
+// was committed: the fault under way then (a broker that writes what it is sent while it stops, and
+// whose acknowledgements are lost with it), or else the next one (the event was sent before it, and
+// the replay after it sent it again). An event sent twice with no fault ending after its commit
+// counts as "none" (a needless duplicate).
 func (s *suite) duplicatesByFault(got []*kgo.Record) string {
+	return duplicatesByFault(got, s.committed, s.commitAt, s.faultLog, s.kinds)
+}
+
+// duplicatesByFault is suite.duplicatesByFault over the run's committed events (per writer), their
+// commit times, the faults in order and the kinds the run injects.
+func duplicatesByFault(got []*kgo.Record, committed [][]testenv.Event, commitAt [][]time.Time, faultLog []faultAt, kinds []string) string {
 	copies := map[string]int{}
 	for _, r := range got {
 		copies[testenv.EventID(r)]++
 	}
 	byKind := map[string]int{}
-	for w, evs := range s.committed {
+	for w, evs := range committed {
 		for i, e := range evs {
 			n := copies[e.ID]
 			if n < 2 {
 				continue
 			}
-			at := s.commitAt[w][i]
-			j, _ := slices.BinarySearchFunc(s.faultLog, at, func(f faultAt, t time.Time) int { return f.at.Compare(t) })
+			at := commitAt[w][i]
+			// Faults run one after the other, so their ends are in order too; a fault still running
+			// (no end) is the last one.
+			j, _ := slices.BinarySearchFunc(faultLog, at, func(f faultAt, t time.Time) int {
+				if f.end.IsZero() {
+					return 1
+				}
+				return f.end.Compare(t)
+			})
 			kind := "none"
-			if j < len(s.faultLog) {
-				kind = s.faultLog[j].kind
+			if j < len(faultLog) {
+				kind = faultLog[j].kind
 			}
 			byKind[kind] += n - 1
 		}
 	}
 	injected := map[string]int{}
-	for _, f := range s.faultLog {
+	for _, f := range faultLog {
 		injected[f.kind]++
 	}
 	var parts []string
-	for _, k := range append(slices.Clone(s.kinds), "none") {
+	for _, k := range append(slices.Clone(kinds), "none") {
 		if k == "none" && byKind[k] == 0 {
 			continue
 		}
@@ -409,6 +426,7 @@ func (s *suite) inject(ctx context.Context, kind string) error {
 	}
 	s.faults[kind]++
 	end := time.Now()
+	s.faultLog[len(s.faultLog)-1].end = end
 	target := s.currentLSN(ctx)
 	if err := s.waitCaughtUp(ctx, target, s.o.recoverWait); err != nil {
 		s.unrecovered = append(s.unrecovered, fmt.Sprintf("%s at %s: %v", kind, end.Format(time.TimeOnly), err))
