@@ -14,14 +14,14 @@ import (
 type Column struct {
 	// Name is the column's name from the latest Relation message.
 	Name string
-	// TypeOID is the column's data type; for a column of a domain type, the domain's base type.
-	TypeOID uint32
 	// Value is the column's value. Columns the router reads are converted: bytea to its raw bytes,
 	// timestamptz and timestamp to RFC 3339 in UTC; every other value, and a timestamp with no RFC
 	// 3339 form (infinity), is the text PostgreSQL sent, under the session settings the connection
 	// pins (SessionSettings). Nil when Null.
 	Value []byte
-	// Null is true for SQL NULL.
+	// TypeOID is the column's data type; for a column of a domain type, the domain's base type.
+	TypeOID uint32
+	// Null is true for SQL NULL. (After TypeOID: the two share one word, a column is 48 bytes.)
 	Null bool
 }
 
@@ -274,10 +274,20 @@ func NewRowDecoder(used []string) *RowDecoder {
 // Decode builds a Row from column names, base type OIDs and text values (nil = NULL). A column the
 // router reads that cannot be decoded makes the row's Problem.
 func (d *RowDecoder) Decode(names []string, oids []uint32, values [][]byte) Row {
-	row := Row{Columns: make([]Column, len(names))}
+	used := make([]bool, len(names))
+	for i, name := range names {
+		used[i] = d.used[name]
+	}
+	return d.decodeInto(make([]Column, len(names)), names, used, oids, values)
+}
+
+// decodeInto is Decode into cols (len(names) long), with used[i] saying whether names[i] is a
+// column the router reads: a snapshot looks that up once per cursor, not once per row.
+func (d *RowDecoder) decodeInto(cols []Column, names []string, used []bool, oids []uint32, values [][]byte) Row {
+	row := Row{Columns: cols}
 	for i, name := range names {
 		c := Column{Name: name, TypeOID: oids[i], Value: values[i], Null: values[i] == nil}
-		if !c.Null && d.used[name] {
+		if !c.Null && used[i] {
 			v, err := convertText(d.types, oids[i], values[i])
 			if err == nil {
 				c.Value = v
@@ -285,7 +295,7 @@ func (d *RowDecoder) Decode(names []string, oids []uint32, values [][]byte) Row 
 				row.problem = fmt.Sprintf("column %s: %v", name, err)
 			}
 		}
-		row.Columns[i] = c
+		cols[i] = c
 	}
 	return row
 }
