@@ -255,11 +255,12 @@ type fetched struct {
 // columnSize is what a decoded column costs beyond its value's bytes.
 const columnSize = int(unsafe.Sizeof(Column{}))
 
-// slab hands out pieces of larger allocations: a snapshot row's values and columns come from one
-// allocation per slabBytes of values and one per slabColumns columns instead of three per row
-// (measured on 2,000,000 rows: a quarter of resync's CPU went to the garbage collector). A piece
-// keeps its slab alive as long as anything refers to it, as a record in flight does; records are
-// acknowledged about in the order they were read, so little more than one slab outlives its rows.
+// slab hands out pieces of larger allocations: a snapshot row's values and columns, and a WAL row's
+// columns, come from one allocation per slabBytes of values and one per slabColumns columns instead
+// of their own (measured on a resync of 2,000,000 rows: a quarter of its CPU went to the garbage
+// collector). A piece keeps its slab alive as long as anything refers to it, as a record in flight
+// does; records are acknowledged about in the order they were read, so little more than one slab
+// outlives its rows.
 type slab struct {
 	bytes []byte
 	cols  []Column

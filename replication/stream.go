@@ -81,6 +81,7 @@ type Stream struct {
 	used     map[string]bool   // the columns the router reads (Options.Columns)
 	bases    map[uint32]uint32 // BaseType's answers
 	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
+	space    slab              // the decoded rows' columns: one allocation per slabColumns
 	counters *Counters
 
 	tracker *checkpoint.Tracker
@@ -468,7 +469,7 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 	if err != nil {
 		return fmt.Errorf("%w: decode outbox row at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 	}
-	row, err := decodeTuple(s.types, rel, s.tuple, LSN(xld.WALStart))
+	row, err := decodeTuple(s.types, rel, s.tuple, s.space.columns, LSN(xld.WALStart))
 	if err != nil {
 		return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
 	}
