@@ -28,8 +28,9 @@ var errMalformed = errors.New("malformed pgoutput message")
 // parseInsert parses an Insert message of pgoutput protocol 2 outside a streamed transaction: 'I',
 // Int32 relation OID, 'N', then TupleData (Int16 column count; per column a kind byte and, for text
 // and binary, an Int32 length and the value). The values are copied once into one buffer, so they
-// outlive the connection's read buffer that msg points into. cols is reused when it has room.
-func parseInsert(msg []byte, cols []tupleColumn) (uint32, []tupleColumn, error) {
+// outlive the connection's read buffer that msg points into: a piece of space (nil: a buffer of
+// their own). cols is reused when it has room.
+func parseInsert(msg []byte, cols []tupleColumn, space *slab) (uint32, []tupleColumn, error) {
 	if len(msg) < 8 || msg[0] != 'I' {
 		return 0, cols, fmt.Errorf("%w: Insert of %d bytes", errMalformed, len(msg))
 	}
@@ -39,7 +40,13 @@ func parseInsert(msg []byte, cols []tupleColumn) (uint32, []tupleColumn, error) 
 	}
 	n := int(binary.BigEndian.Uint16(msg[6:8]))
 	// One buffer for the whole tuple: the values are subslices of it.
-	body := append([]byte(nil), msg[8:]...)
+	var body []byte
+	if space != nil {
+		body = space.take(len(msg) - 8)
+	} else {
+		body = make([]byte, len(msg)-8)
+	}
+	copy(body, msg[8:])
 	cols = cols[:0]
 	at := 0
 	for i := range n {

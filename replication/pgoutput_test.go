@@ -52,7 +52,7 @@ func referenceInsert(msg []byte) (relID uint32, cols []*pglogrepl.TupleDataColum
 func checkParseInsert(t *testing.T, msg []byte) {
 	t.Helper()
 	wantID, want, wantOK := referenceInsert(msg)
-	id, got, err := parseInsert(msg, nil)
+	id, got, err := parseInsert(msg, nil, nil)
 	if (err == nil) != wantOK {
 		t.Fatalf("parseInsert(%x): err %v, pglogrepl accepts: %v", msg, err, wantOK)
 	}
@@ -132,7 +132,7 @@ func TestParseInsertMatchesPglogrepl(t *testing.T) {
 		if r.IntN(2) == 0 {
 			msg = mutate(r, msg)
 		}
-		if _, _, err := parseInsert(bytes.Clone(msg), nil); err == nil {
+		if _, _, err := parseInsert(bytes.Clone(msg), nil, nil); err == nil {
 			accepted++
 		}
 		checkParseInsert(t, msg)
@@ -145,15 +145,20 @@ func TestParseInsertMatchesPglogrepl(t *testing.T) {
 func TestParseInsertReusesItsScratch(t *testing.T) {
 	msg := insertMsg(7, s("a"), nil, s("ccc"))
 	scratch := make([]tupleColumn, 0, 8)
-	_, cols, err := parseInsert(msg, scratch)
+	_, cols, err := parseInsert(msg, scratch, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if &cols[:1][0] != &scratch[:1][0] {
 		t.Fatal("parseInsert allocated a new column slice though the scratch had room")
 	}
-	if allocs := testing.AllocsPerRun(100, func() { _, cols, _ = parseInsert(msg, cols) }); allocs != 1 {
+	if allocs := testing.AllocsPerRun(100, func() { _, cols, _ = parseInsert(msg, cols, nil) }); allocs != 1 {
 		t.Fatalf("parseInsert allocates %v times per row, want 1 (the values' buffer)", allocs)
+	}
+	// With a slab, the values' buffers of many rows are one allocation.
+	var space slab
+	if allocs := testing.AllocsPerRun(1000, func() { _, cols, _ = parseInsert(msg, cols, &space) }); allocs != 0 {
+		t.Fatalf("parseInsert with a slab allocates %v times per row, want 0", allocs)
 	}
 }
 
@@ -201,7 +206,7 @@ func BenchmarkDecodeInsert(b *testing.B) {
 		var cols []tupleColumn
 		b.ReportAllocs()
 		for b.Loop() {
-			_, cols, _ = parseInsert(msg, cols)
+			_, cols, _ = parseInsert(msg, cols, nil)
 		}
 	})
 	b.Run("pglogrepl", func(b *testing.B) {

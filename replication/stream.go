@@ -81,7 +81,7 @@ type Stream struct {
 	used     map[string]bool   // the columns the router reads (Options.Columns)
 	bases    map[uint32]uint32 // BaseType's answers
 	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
-	space    slab              // the decoded rows' columns: one allocation per slabColumns
+	space    slab              // the rows' values and columns: one allocation per slab, not two per row
 	counters *Counters
 
 	tracker *checkpoint.Tracker
@@ -465,7 +465,7 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 	if s.current == nil {
 		return fmt.Errorf("%w: insert outside a transaction at %s", ErrUnreadable, LSN(xld.WALStart))
 	}
-	_, s.tuple, err = parseInsert(xld.WALData, s.tuple)
+	_, s.tuple, err = parseInsert(xld.WALData, s.tuple, &s.space)
 	if err != nil {
 		return fmt.Errorf("%w: decode outbox row at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
 	}
