@@ -1124,7 +1124,7 @@ type handler struct {
 }
 
 // rowChunk is how many rows handler.rows allocates at a time.
-const rowChunk = 256
+const rowChunk = 64
 
 // hold copies row into h.rows and returns the copy.
 func (h *handler) hold(row replication.Row) *replication.Row {
