@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/freeport"
 )
 
 // Debezium's two configurations.
@@ -123,11 +125,5 @@ func (b *bench) startDebezium(t *target, tuned bool) (*exec.Cmd, error) {
 
 func lines(l ...string) string { return strings.Join(l, "\n") + "\n" }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// freePort is a loopback port for a server the bench starts (freeport.Loopback).
+func freePort() (int, error) { return freeport.Loopback() }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -143,12 +142,11 @@ func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain in
 			}
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freePort()
 	if err != nil {
 		return row, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	cfgFile := filepath.Join(os.TempDir(), "bench-fleet-"+id+".yaml")
 	doc := fmt.Sprintf("kafka: {brokers: [%q]}\nlog: {level: warn}\nmetrics: {addr: %q}\nsources:\n%s", c.brokers, addr, entries.String())
 	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/freeport"
 )
 
 // TempCluster starts a throw-away PostgreSQL 15 cluster with the given postgresql.conf lines (for
@@ -83,9 +84,44 @@ func (c *Cluster) Stop(t TB, mode string) {
 // Start starts a stopped cluster.
 func (c *Cluster) Start(t TB) {
 	t.Helper()
-	if out, err := c.pgCtl("-D", c.data, "-l", filepath.Join(c.data, "server.log"), "-w", "-t", "60", "start").CombinedOutput(); err != nil {
-		t.Fatalf("start the temporary cluster: %v\n%s\n%s", err, out, c.Log())
+	if err := c.start(); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// start starts a stopped cluster; its error holds pg_ctl's output and the server log.
+func (c *Cluster) start() error {
+	if out, err := c.pgCtl("-D", c.data, "-l", filepath.Join(c.data, "server.log"), "-w", "-t", "60", "start").CombinedOutput(); err != nil {
+		return fmt.Errorf("start the temporary cluster: %w\n%s\n%s", err, out, c.Log())
+	}
+	return nil
+}
+
+// startOnFreePort starts a new cluster configured by configure on a port it chose: should another
+// process have bound that port meanwhile, it chooses another one, up to five times.
+func (c *Cluster) startOnFreePort(t TB) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := c.start()
+		if err == nil {
+			return
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "could not bind") {
+			t.Fatal(err)
+		}
+		c.Port = 0
+		c.configure(t, nil) // a later port line wins
+	}
+}
+
+// freePort is freeport.Loopback, failing the test on an error.
+func freePort(t TB) int {
+	t.Helper()
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // Promote promotes a standby and waits until it takes writes.
@@ -160,7 +196,7 @@ func NewClusterOf(t TB, version string, settings ...string) *Cluster {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	c.configure(t, append([]string{"listen_addresses = '127.0.0.1'", "fsync = off"}, settings...))
-	c.Start(t)
+	c.startOnFreePort(t)
 	t.Cleanup(func() { _ = c.pgCtl("-D", c.data, "-m", "immediate", "-w", "stop").Run() })
 	return c
 }
@@ -170,12 +206,7 @@ func NewClusterOf(t TB, version string, settings ...string) *Cluster {
 func (c *Cluster) configure(t TB, lines []string) {
 	t.Helper()
 	if c.Port == 0 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Port = ln.Addr().(*net.TCPAddr).Port
-		_ = ln.Close()
+		c.Port = freePort(t)
 	}
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", c.Port)
 	c.appendConf(t, append([]string{fmt.Sprintf("port = %d", c.Port), fmt.Sprintf("unix_socket_directories = '%s'", c.data)}, lines...)...)
@@ -231,7 +262,11 @@ func (c *Cluster) StandbyOn(t TB, port int, physicalSlot string, settings ...str
 		"hot_standby = on",
 	}, settings...))
 	c.Start(t)
-	sb.Start(t)
+	if port == 0 {
+		sb.startOnFreePort(t)
+	} else {
+		sb.Start(t)
+	}
 	t.Cleanup(func() { _ = sb.pgCtl("-D", sb.data, "-m", "immediate", "-w", "stop").Run() })
 	return sb
 }

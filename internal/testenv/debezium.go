@@ -133,12 +133,7 @@ func StartDebezium(t testing.TB, f *Fixture, connectors ...DebeziumConnector) *D
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	restPort := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	restPort := freePort(t)
 	d := &Debezium{dir: t.TempDir()}
 	write := func(name string, lines ...string) string {
 		path := filepath.Join(d.dir, name)

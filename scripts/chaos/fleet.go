@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/freeport"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
@@ -118,12 +118,11 @@ sources:
 	}
 	logPath := filepath.Join(".dev/chaos", id+".fleet.log")
 	start := func() (*fleetProc, error) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freeport.Loopback()
 		if err != nil {
 			return nil, err
 		}
-		addr := ln.Addr().String()
-		_ = ln.Close()
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		if err != nil {
 			return nil, err

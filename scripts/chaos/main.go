@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -35,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/faultnet"
+	"github.com/outbox-cdc/outbox-cdc/internal/freeport"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
@@ -680,12 +680,11 @@ func (s *suite) startRouter() (*routerProc, error) {
 			return nil, err
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Loopback()
 	if err != nil {
 		return nil, err
 	}
-	metrics := ln.Addr().String()
-	_ = ln.Close()
+	metrics := fmt.Sprintf("127.0.0.1:%d", port)
 	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
