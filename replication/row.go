@@ -111,10 +111,9 @@ type relation struct {
 // send it again on every replay, so the stream stops naming its position rather than replay forever.
 var ErrUnreadable = errors.New("the replication stream holds a message outbox-cdc cannot read")
 
-// decodeTuple turns an insert's tuple into a Row in cols (len(tuple) long), aligning columns by
-// index with the relation. A
-// column the router reads that cannot be decoded makes the row's Problem, not an error: only a tuple
-// that does not fit its relation is one.
+// decodeTuple turns an insert's tuple into a Row whose columns cols returns (len(tuple) of them),
+// aligning columns by index with the relation. A column the router reads that cannot be decoded
+// makes the row's Problem, not an error: only a tuple that does not fit its relation is one.
 func decodeTuple(types *pgtype.Map, rel *relation, tuple []tupleColumn, cols func(n int) []Column, lsn LSN) (Row, error) {
 	if len(tuple) != len(rel.columns) {
 		return Row{}, fmt.Errorf("%w: insert into %s.%s has %d columns, its relation message %d", ErrUnreadable, rel.namespace, rel.name, len(tuple), len(rel.columns))
