@@ -337,7 +337,7 @@ var (
 	descErrors       = desc("errors_total", "Failures by class: postgres, kafka, undeliverable.", "class")
 	descInFlightRecs = desc("inflight_records", "Records handed to Kafka and not yet acknowledged.")
 	descInFlightWin  = desc("inflight_window_records", "The in-flight window: how many records may be handed to Kafka and not yet acknowledged now (it adapts between limits.min_inflight_records and limits.max_inflight_records).")
-	descInFlightB    = desc("inflight_bytes", "Bytes of records handed to Kafka and not yet acknowledged.")
+	descInFlightB    = desc("inflight_bytes", "Bytes of records handed to Kafka and not yet acknowledged, with the memory blocks their rows were read into (as limits.max_inflight_bytes counts them).")
 	descConfirmed    = desc("confirmed_lsn", "Last WAL position confirmed to PostgreSQL (as a byte position).")
 	descWALEnd       = desc("server_wal_end_lsn", "Server WAL end from the last keepalive (as a byte position).")
 	descSlotLag      = desc("slot_lag_bytes", "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, polled every 5 s; absent while the slot monitor has no recent observation.")

@@ -114,7 +114,7 @@ func (h *txnHandler) confirmLimit() checkpoint.LSN {
 }
 
 // Deliver implements replication.Handler.
-func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replication.Row) error {
 	if checkpoint.AlreadyDelivered(tx.CommitLSN(), h.skipBelow) {
 		h.skipped.Add(1)
 		if h.skippedTx != tx {

@@ -1058,7 +1058,7 @@ type quietHandler struct {
 var _ replication.Batcher = (*quietHandler)(nil)
 
 // Deliver implements replication.Handler.
-func (h *quietHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+func (h *quietHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replication.Row) error {
 	if err := h.handler.Deliver(ctx, tx, row); err != nil {
 		return err
 	}
@@ -1117,22 +1117,6 @@ type handler struct {
 	// its rows: one closure per transaction, not per row.
 	ackTx *checkpoint.Tx
 	ack   func()
-	// rows holds the rows handed to the router (Prepare takes a pointer, which outlives Deliver):
-	// one allocation per rowChunk rows instead of one per row. A chunk is never written again once
-	// full, so a row stays as it was for as long as the router refers to it.
-	rows []replication.Row
-}
-
-// rowChunk is how many rows handler.rows allocates at a time.
-const rowChunk = 64
-
-// hold copies row into h.rows and returns the copy.
-func (h *handler) hold(row replication.Row) *replication.Row {
-	if len(h.rows) == cap(h.rows) {
-		h.rows = make([]replication.Row, 0, rowChunk)
-	}
-	h.rows = append(h.rows, row)
-	return &h.rows[len(h.rows)-1]
 }
 
 // skipper skips whole transactions committed below a position, counting them.
@@ -1159,11 +1143,11 @@ func (s *skipper) skips(tx *checkpoint.Tx) bool {
 }
 
 // Deliver implements replication.Handler.
-func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row replication.Row) error {
+func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replication.Row) error {
 	if h.skip.skips(tx) {
 		return nil
 	}
-	prepared, err := h.router.Prepare(ctx, h.hold(row), router.Source{LSN: uint64(row.LSN), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
+	prepared, err := h.router.Prepare(ctx, row, router.Source{LSN: uint64(row.LSN), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
 	if err != nil {
 		return err
 	}

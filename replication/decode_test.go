@@ -102,11 +102,11 @@ type recordingHandler struct {
 	txs     []*checkpoint.Tx
 }
 
-func (h *recordingHandler) Deliver(_ context.Context, tx *checkpoint.Tx, row Row) error {
+func (h *recordingHandler) Deliver(_ context.Context, tx *checkpoint.Tx, row *Row) error {
 	if h.tracker != nil {
 		h.tracker.Add(tx)
 	}
-	h.rows = append(h.rows, row)
+	h.rows = append(h.rows, *row)
 	h.txs = append(h.txs, tx)
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/pin"
 )
 
 // Column is one column value of an outbox row, as the WAL carried it.
@@ -38,7 +40,14 @@ type Row struct {
 	// problem, when not empty, says why a column the router reads could not be decoded: the row
 	// cannot be delivered as it is (Problem), and goes to the dead-letter topic with this reason.
 	problem string
+	// block is the memory the row's pieces were carved from (nil: memory of its own).
+	block *pin.Block
 }
+
+// Block returns the block of memory the row shares with the rows read before and after it (nil when
+// its memory is its own). A record made from the row keeps the whole block alive while it is in
+// flight: the router charges the block to the in-flight byte cap once (package pin).
+func (r *Row) Block() *pin.Block { return r.block }
 
 // Value returns the value of the named column and true, or nil and false when the column is NULL or
 // the table has no such column.

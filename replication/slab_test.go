@@ -2,8 +2,17 @@ package replication
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"unsafe"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/internal/pin"
 )
 
 // TestSlabPiecesAreDisjoint hands out pieces of random sizes (some larger than a slab) and checks
@@ -15,6 +24,8 @@ func TestSlabPiecesAreDisjoint(t *testing.T) {
 	type piece struct {
 		b    []byte
 		c    []Column
+		r    *Row
+		a    blockArrays
 		fill byte
 	}
 	var pieces []piece
@@ -23,7 +34,14 @@ func TestSlabPiecesAreDisjoint(t *testing.T) {
 		if i%97 == 0 {
 			n = slabBytes/4 + rng.IntN(slabBytes) // its own allocation
 		}
-		p := piece{b: s.take(n), c: s.columns(1 + rng.IntN(12)), fill: byte(i)}
+		c := 1 + rng.IntN(12)
+		s.fit(n, c)
+		p := piece{b: s.take(n), c: s.columns(c), fill: byte(i)}
+		p.r = s.row(Row{LSN: LSN(i), Columns: p.c})
+		p.a = arraysOf(&s)
+		if n <= slabOwnValues && n > 0 && !within(unsafe.Pointer(unsafe.SliceData(p.b)), n, p.a.bytes, p.a.nBytes) {
+			t.Fatalf("piece %d: its bytes are not in its row's block", i)
+		}
 		if len(p.b) != n || cap(p.b) != n {
 			t.Fatalf("take(%d): len %d cap %d", n, len(p.b), cap(p.b))
 		}
@@ -52,5 +70,102 @@ func TestSlabPiecesAreDisjoint(t *testing.T) {
 				t.Fatalf("columns of piece %d were overwritten: %d", i, c.TypeOID)
 			}
 		}
+		if p.r.LSN != LSN(i) || p.r.Block() == nil {
+			t.Fatalf("row of piece %d reads LSN %d, block %p", i, p.r.LSN, p.r.Block())
+		}
+		checkInBlock(t, fmt.Sprint("piece ", i), p.r, p.a)
 	}
+}
+
+// within reports whether the n bytes at p lie inside the allocation of size bytes at base.
+func within(p unsafe.Pointer, n int, base unsafe.Pointer, size int) bool {
+	return uintptr(p) >= uintptr(base) && uintptr(p)+uintptr(n) <= uintptr(base)+uintptr(size)
+}
+
+// blockArrays are the allocations one block hands out, as the slab held them.
+type blockArrays struct {
+	bytes, cols, rows unsafe.Pointer
+	nBytes, nCols     int
+	nRows             int
+}
+
+// arraysOf returns the current block's allocations of s.
+func arraysOf(s *slab) blockArrays {
+	return blockArrays{
+		bytes: unsafe.Pointer(unsafe.SliceData(s.bytes)), nBytes: cap(s.bytes),
+		cols: unsafe.Pointer(unsafe.SliceData(s.cols)), nCols: cap(s.cols) * columnSize,
+		rows: unsafe.Pointer(unsafe.SliceData(s.rows)), nRows: cap(s.rows) * rowSize,
+	}
+}
+
+// checkInBlock fails t unless every piece of r (its values in the slab, its columns, the Row itself)
+// lies in the allocations of r's block, and the block's size counts all three.
+func checkInBlock(t *testing.T, what string, r *Row, a blockArrays) {
+	t.Helper()
+	if !within(unsafe.Pointer(r), rowSize, a.rows, a.nRows) {
+		t.Fatalf("%s: the Row is not in its block's rows", what)
+	}
+	if !within(unsafe.Pointer(unsafe.SliceData(r.Columns)), len(r.Columns)*columnSize, a.cols, a.nCols) {
+		t.Fatalf("%s: its columns are not in its block's columns", what)
+	}
+	total := 0 // the tuple's bytes, about: its values are in the block unless they are more than slabOwnValues
+	for _, c := range r.Columns {
+		total += len(c.Value) + 5
+	}
+	for _, c := range r.Columns {
+		if len(c.Value) > 0 && total <= slabOwnValues && !within(unsafe.Pointer(unsafe.SliceData(c.Value)), len(c.Value), a.bytes, a.nBytes) {
+			t.Fatalf("%s: the value of %s (%d bytes) is not in its block's bytes", what, c.Name, len(c.Value))
+		}
+	}
+	if want := int64(a.nBytes + a.nCols + a.nRows); r.Block().Size() != want {
+		t.Fatalf("%s: block of %d bytes, its allocations hold %d", what, r.Block().Size(), want)
+	}
+}
+
+// TestStreamRowsComeFromOneBlock feeds the stream inserts of random sizes (some with a value of its
+// own allocation) and checks that each row's values, columns and the Row itself come from the block
+// the row names: the router charges that block while the row's record is in flight, and a row
+// whose pieces straddled two blocks would keep one alive uncharged.
+func TestStreamRowsComeFromOneBlock(t *testing.T) {
+	st := newTestStream()
+	h := &keepingHandler{}
+	feed(t, st, h, relationMsg(1, "public", "outbox", col{"event_id", pgtype.TextOID}, col{"event_type", pgtype.TextOID},
+		col{"aggregate_id", pgtype.TextOID}, col{"payload", pgtype.JSONBOID}, col{"headers", pgtype.JSONBOID}, col{"n", pgtype.Int8OID}), beginMsg(900))
+	rng := rand.New(rand.NewPCG(3, 4))
+	arrays := map[*pin.Block]blockArrays{}
+	for i := range 3000 {
+		payload := strings.Repeat("x", rng.IntN(900)) // the bytes run out before the columns and rows
+		if i/500%2 == 1 {
+			payload = strings.Repeat("z", rng.IntN(20)) // the columns and rows run out first
+		}
+		if i%101 == 0 {
+			payload = strings.Repeat("y", slabOwnValues+rng.IntN(slabBytes))
+		}
+		feed(t, st, h, insertMsg(1, s(fmt.Sprint("e", i)), s("Paid"), s(fmt.Sprint("agg-", i%7)), s(payload), nil, s("7")))
+		r := h.rows[len(h.rows)-1]
+		if r.Block() == nil || r.Block() != st.space.block {
+			t.Fatalf("row %d names block %p, the stream's is %p", i, r.Block(), st.space.block)
+		}
+		if _, ok := arrays[r.Block()]; !ok {
+			arrays[r.Block()] = arraysOf(&st.space)
+		}
+		checkInBlock(t, fmt.Sprint("row ", i, " as read"), r, arrays[r.Block()])
+		if v, _ := r.Value("payload"); string(v) != payload {
+			t.Fatalf("row %d: payload of %d bytes, want %d", i, len(v), len(payload))
+		}
+	}
+	if len(arrays) < 10 {
+		t.Fatalf("3000 rows in %d blocks: the test did not cross blocks", len(arrays))
+	}
+	for i, r := range h.rows {
+		checkInBlock(t, fmt.Sprint("row ", i), r, arrays[r.Block()])
+	}
+}
+
+// keepingHandler keeps the rows it is handed, as the router does while their records are in flight.
+type keepingHandler struct{ rows []*Row }
+
+func (h *keepingHandler) Deliver(_ context.Context, _ *checkpoint.Tx, row *Row) error {
+	h.rows = append(h.rows, row)
+	return nil
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/pin"
 )
 
 // SnapshotFilter selects snapshot rows. Zero fields select everything.
@@ -204,7 +206,7 @@ func (s *Snapshot) eachPart(ctx context.Context, o Outbox, cols SnapshotColumns,
 			return b.err
 		}
 		for i := range b.rows {
-			if err := fn(&b.rows[i]); err != nil {
+			if err := fn(b.rows[i]); err != nil {
 				return err
 			}
 		}
@@ -248,52 +250,82 @@ func (s *Snapshot) query(ctx context.Context, o Outbox, cols SnapshotColumns, f 
 
 // fetched is a batch of decoded rows read from the cursor, or the error that ended the reading.
 type fetched struct {
-	rows []Row
+	rows []*Row
 	err  error
 }
 
 // columnSize is what a decoded column costs beyond its value's bytes.
 const columnSize = int(unsafe.Sizeof(Column{}))
 
-// slab hands out pieces of larger allocations: a snapshot row's values and columns, and a WAL row's
-// values and columns, come from one allocation per slabBytes of values and one per slabColumns
-// columns instead of their own (measured on a resync of 2,000,000 rows: a quarter of its CPU went to
-// the garbage collector; on the stream at 10,000 events/s, 9 allocations per event became 6). A
-// piece keeps its slab alive as long as anything refers to it, as a record in flight does. Records
-// are acknowledged about in the order they were read, so little more than one slab outlives its rows;
-// a record held long (its topic being created) keeps at most one slab of each kind alive, about 28
-// KiB, which is why the slabs are small.
+// slab hands out pieces of larger allocations: a row's values, its columns and the Row itself come
+// from blocks of slabBytes of values, slabColumns columns and slabRows rows instead of allocations of
+// their own (measured on a resync of 2,000,000 rows: a quarter of its CPU went to the garbage
+// collector; on the stream at 10,000 events/s, 9 allocations per event became 6). A piece keeps its
+// whole block alive as long as anything refers to it, as a record in flight does: each row carries
+// its block (Row.Block), which the router charges to the in-flight byte cap once while any of the
+// block's records is in flight (package pin). Records are acknowledged about in the order they were
+// read, so the charge is close to what the rows take; a few records held long, each from another
+// block (a partition that does not acknowledge), count for the blocks they keep alive. Every piece
+// of one row comes from one block (fit): a row never keeps two alive.
 type slab struct {
 	bytes []byte
 	cols  []Column
+	rows  []Row
+	block *pin.Block
 }
 
 const (
 	slabBytes   = 16 << 10
 	slabColumns = 256
+	slabRows    = 64
+	// slabOwnValues: values larger than this get an allocation of their own, outside the block
+	// (charged as the record's own bytes).
+	slabOwnValues = slabBytes / 4
 )
 
-// take returns n bytes of the slab (a larger value gets an allocation of its own).
-func (b *slab) take(n int) []byte {
-	if cap(b.bytes)-len(b.bytes) < n {
-		if n > slabBytes/4 {
-			return make([]byte, n)
-		}
-		b.bytes = make([]byte, 0, slabBytes)
+// rowSize is what a Row itself costs in its block.
+const rowSize = int(unsafe.Sizeof(Row{}))
+
+// fit makes room for one row of n bytes of values and c columns in the current block, or starts a
+// new block: the row's pieces (take, columns, row) then all come from one block.
+func (b *slab) fit(n, c int) {
+	if n > slabOwnValues {
+		n = 0
 	}
+	if b.block != nil && cap(b.bytes)-len(b.bytes) >= n && cap(b.cols)-len(b.cols) >= c && len(b.rows) < cap(b.rows) {
+		return
+	}
+	b.bytes = make([]byte, 0, slabBytes)
+	b.cols = make([]Column, 0, max(slabColumns, c))
+	b.rows = make([]Row, 0, slabRows)
+	b.block = pin.NewBlock(int64(cap(b.bytes) + cap(b.cols)*columnSize + cap(b.rows)*rowSize))
+}
+
+// take returns n bytes of the block (a value larger than slabOwnValues gets an allocation of its own).
+func (b *slab) take(n int) []byte {
+	if n > slabOwnValues {
+		return make([]byte, n)
+	}
+	b.fit(n, 0)
 	start := len(b.bytes)
 	b.bytes = b.bytes[:start+n]
 	return b.bytes[start : start+n : start+n]
 }
 
-// columns returns n columns of the slab.
+// columns returns n columns of the block.
 func (b *slab) columns(n int) []Column {
-	if cap(b.cols)-len(b.cols) < n {
-		b.cols = make([]Column, 0, max(slabColumns, n))
-	}
+	b.fit(0, n)
 	start := len(b.cols)
 	b.cols = b.cols[:start+n]
 	return b.cols[start : start+n : start+n]
+}
+
+// row stores r in the block, marked as the block's, and returns it there.
+func (b *slab) row(r Row) *Row {
+	b.fit(0, 0)
+	r.block = b.block
+	b.rows = append(b.rows, r)
+	return &b.rows[len(b.rows)-1]
 }
 
 // read declares the cursor over part of parts and reads it into out (see fetch), which it closes;
@@ -331,7 +363,7 @@ func (s *Snapshot) fetch(ctx context.Context, decoder *RowDecoder, quit <-chan s
 		used   []bool
 		values [][]byte // one row's values in the slab: decoded into its columns
 		space  slab
-		batch  []Row
+		batch  []*Row
 		size   int64
 	)
 	for {
@@ -364,6 +396,7 @@ func (s *Snapshot) fetch(ctx context.Context, decoder *RowDecoder, quit <-chan s
 				for _, v := range raw {
 					n += len(v)
 				}
+				space.fit(n, len(names)) // the row's values, columns and itself in one block
 				buf := space.take(n)
 				n = 0
 				for i, v := range raw {
@@ -373,12 +406,12 @@ func (s *Snapshot) fetch(ctx context.Context, decoder *RowDecoder, quit <-chan s
 						n += copy(buf[n:], v)
 					}
 				}
-				batch = append(batch, decoder.decodeInto(space.columns(len(names)), names, used, oids, values))
+				batch = append(batch, space.row(decoder.decodeInto(space.columns(len(names)), names, used, oids, values)))
 				size += int64(n + columnSize*len(raw))
 				if size >= s.batchBytes || len(batch) >= snapshotBatchRows {
 					s.peakBatchBytes = max(s.peakBatchBytes, size)
 					stopped = !send(fetched{rows: batch})
-					batch, size = make([]Row, 0, len(batch)), 0
+					batch, size = make([]*Row, 0, len(batch)), 0
 				}
 			}
 			_, _ = rr.Close() // its error is mrr's too
@@ -452,7 +485,7 @@ func EachInParts(ctx context.Context, snaps []*Snapshot, o Outbox, cols Snapshot
 					return b.err
 				default:
 					for i := range b.rows {
-						if err := fn(&b.rows[i]); err != nil {
+						if err := fn(b.rows[i]); err != nil {
 							return err
 						}
 					}

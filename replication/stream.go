@@ -36,7 +36,9 @@ type Handler interface {
 	// Deliver hands one row of tx to the router. It may block while the router is at its in-flight
 	// cap; it must then return ctx's error when ctx ends, without having taken the row, so that the
 	// stream can answer the server and call again.
-	Deliver(ctx context.Context, tx *checkpoint.Tx, row Row) error
+	// The row lives in the stream's memory blocks (Row.Block): the handler may keep it, and what it
+	// refers to, as long as it needs.
+	Deliver(ctx context.Context, tx *checkpoint.Tx, row *Row) error
 }
 
 // Batcher is a Handler that groups whole transactions into larger units before they count as
@@ -81,7 +83,7 @@ type Stream struct {
 	used     map[string]bool   // the columns the router reads (Options.Columns)
 	bases    map[uint32]uint32 // BaseType's answers
 	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
-	space    slab              // the rows' values and columns: one allocation per slab, not two per row
+	space    slab              // the rows' values, columns and Rows: carved from blocks, not allocated per row
 	counters *Counters
 
 	tracker *checkpoint.Tracker
@@ -465,6 +467,8 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 	if s.current == nil {
 		return fmt.Errorf("%w: insert outside a transaction at %s", ErrUnreadable, LSN(xld.WALStart))
 	}
+	// The row's values, columns and the Row itself come from one block of s.space.
+	s.space.fit(len(xld.WALData)-8, len(rel.columns))
 	_, s.tuple, err = parseInsert(xld.WALData, s.tuple, &s.space)
 	if err != nil {
 		return fmt.Errorf("%w: decode outbox row at %s: %w", ErrUnreadable, LSN(xld.WALStart), err)
@@ -474,7 +478,7 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 		return fmt.Errorf("decode outbox row at %s: %w", LSN(xld.WALStart), err)
 	}
 	s.counters.Rows.Add(1)
-	return s.deliver(ctx, h, row)
+	return s.deliver(ctx, h, s.space.row(row))
 }
 
 // tableIndex returns which outbox table schema.table is (0 for Options.Outbox, i+1 for
@@ -555,7 +559,7 @@ func (s *Stream) countIgnored(id uint32, outboxCounter *atomic.Int64) {
 
 // deliver hands the row to h, answering the server while h waits for capacity. While it waits the
 // stream reads no WAL: PostgreSQL holds the backlog, and memory stays bounded.
-func (s *Stream) deliver(ctx context.Context, h Handler, row Row) error {
+func (s *Stream) deliver(ctx context.Context, h Handler, row *Row) error {
 	for waited := false; ; waited = true {
 		err := h.Deliver(s.waitContext(ctx), s.current, row)
 		if err == nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/pin"
 	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
@@ -399,7 +400,20 @@ type Prepared struct {
 	prep *topicPrep
 	// space holds rec when the router built it (not a Debezium-format record): one allocation per row.
 	space recordWithHeaders
+	// block is the memory the row shares with the rows read before and after it (nil: its own): the
+	// record keeps it alive until acknowledged, so the first record of a block in flight charges it
+	// to the byte cap and the last one gives it back (held).
+	block *pin.Block
 }
+
+// blockRow is a Row carved from a block of memory shared with other rows (replication.Row).
+type blockRow interface {
+	Block() *pin.Block
+}
+
+// held returns the room p holds under the byte cap, to be released once, when p is acknowledged or
+// given up: the record's bytes, and its block's when p is the block's last record in flight.
+func (p *Prepared) held() int64 { return p.size + p.block.Release() }
 
 // eventType is t as a string, interned (see Router.types).
 func (r *Router) eventType(t []byte) string {
@@ -474,13 +488,19 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		p.dlqReason, p.dlqClass = problem.Error(), class
 	}
 	p.alone = alone
+	if b, ok := row.(blockRow); ok {
+		p.block = b.Block()
+	}
+	// A record keeps its row's whole block alive: the first of a block in flight charges it.
+	charge := p.size + p.block.Hold()
 	var err error
 	if p.alone || r.lastAlone {
-		err = r.limiter.AcquireAlone(ctx, p.size)
+		err = r.limiter.AcquireAlone(ctx, charge)
 	} else {
-		err = r.limiter.Acquire(ctx, p.size)
+		err = r.limiter.Acquire(ctx, charge)
 	}
 	if err != nil {
+		p.block.Release() // nothing was charged
 		return nil, err
 	}
 	r.lastAlone = p.alone
@@ -551,12 +571,12 @@ func (r *Router) produceNow(p *Prepared, ack func()) {
 	if err := r.Err(); err != nil {
 		// Failed since Prepare: nothing more goes to Kafka before the replay (never acknowledged,
 		// so the slot never moves past it).
-		r.release(p.size)
+		r.release(p.held())
 		endSpan(p.span, p.rec, err)
 		return
 	}
 	if err := r.begin(); err != nil {
-		r.release(p.size)
+		r.release(p.held())
 		r.fail(err)
 		return
 	}
@@ -575,7 +595,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		p.prep, p.row = nil, nil
 		if prep.err != nil {
 			// Never acknowledged: the session replays it.
-			r.release(p.size)
+			r.release(p.held())
 			endSpan(p.span, p.rec, prep.err)
 			r.fail(prep.err)
 			return
@@ -584,7 +604,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			endSpan(p.span, p.rec, problem)
 			p.span = nil
 			if r.opts.DLQTopic == "" {
-				r.release(p.size)
+				r.release(p.held())
 				r.fail(&UndeliverableError{EventID: eventID(p.rec), Reason: problem.Error()})
 				return
 			}
@@ -594,7 +614,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		}
 	}
 	if p.dlqReason != "" {
-		r.produceDLQ(p.rec, p.typ, p.src, p.dlqReason, p.dlqClass, p.size, ack)
+		r.produceDLQ(p.rec, p, p.dlqReason, p.dlqClass, ack)
 		return
 	}
 	client, lane := r.producer()
@@ -608,7 +628,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			r.opts.Counters.Produced.Add(1)
 			r.opts.Counters.ProducedBytes.Add(int64(n))
 			now := time.Now() // one clock read per acknowledgement, for the window and the observer
-			r.limiter.ReleaseAcked(p.size, now, now.Sub(start))
+			r.limiter.ReleaseAcked(p.held(), now, now.Sub(start))
 			r.trackInFlight()
 			r.checkPartitions(rec)
 			if r.opts.Observer != nil {
@@ -626,11 +646,11 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		switch {
 		case errors.Is(err, kerr.InvalidTopicException):
 			// The topic, not the batch, is at fault: no record can ever go to it.
-			r.produceDLQ(rec, p.typ, p.src, fmt.Sprintf("kafka refused topic %s: %v", rec.Topic, err), "unroutable", p.size, ack)
+			r.produceDLQ(rec, p, fmt.Sprintf("kafka refused topic %s: %v", rec.Topic, err), "unroutable", ack)
 		case recordRejected(err) && p.alone:
-			r.produceDLQ(rec, p.typ, p.src, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", p.size, ack)
+			r.produceDLQ(rec, p, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", ack)
 		case recordRejected(err):
-			r.release(p.size)
+			r.release(p.held())
 			for {
 				upTo := r.rejectedUpTo.Load()
 				if p.src.CommitLSN <= upTo || r.rejectedUpTo.CompareAndSwap(upTo, p.src.CommitLSN) {
@@ -639,10 +659,10 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			}
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
 		case r.transactional() && fenced(err):
-			r.release(p.size)
+			r.release(p.held())
 			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", eventID(rec), rec.Topic), lane, err))
 		default:
-			r.release(p.size)
+			r.release(p.held())
 			r.fail(fmt.Errorf("produce event %s to %s: %w", eventID(rec), rec.Topic, err))
 		}
 	})
@@ -726,11 +746,13 @@ func recordRejected(err error) bool {
 // maxReasonBytes bounds the reason header of a dead-letter record.
 const maxReasonBytes = 2048
 
-// produceDLQ writes the dead-letter record for rec; the room held under size is released when it is
-// acknowledged. It never blocks, so it may run on the promise goroutine.
-func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, class string, size int64, ack func()) {
+// produceDLQ writes the dead-letter record for orig (p's record, or what Kafka returned of it); the
+// room p holds is released when the dead-letter record is acknowledged. It never blocks, so it may
+// run on the promise goroutine.
+func (r *Router) produceDLQ(orig *kgo.Record, p *Prepared, reason, class string, ack func()) {
+	typ, src := p.typ, p.src
 	if r.opts.DLQTopic == "" {
-		r.release(size)
+		r.release(p.held())
 		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason})
 		return
 	}
@@ -756,7 +778,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, typ string, src Source, reason, cl
 	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.Position())
 	client, _ := r.producer()
 	client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
-		r.release(size)
+		r.release(p.held())
 		if err != nil {
 			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", eventID(orig), r.opts.DLQTopic, err))
 			return
@@ -949,7 +971,7 @@ func (r *Router) releaseHeld() {
 		for _, h := range out {
 			if err := r.Err(); err != nil {
 				// Never acknowledged: the session replays it.
-				r.release(h.p.size)
+				r.release(h.p.held())
 				endSpan(h.p.span, h.p.rec, err)
 				continue
 			}
