@@ -266,20 +266,24 @@ const columnSize = int(unsafe.Sizeof(Column{}))
 // block's records is in flight (package pin). Records are acknowledged about in the order they were
 // read, so the charge is close to what the rows take; a few records held long, each from another
 // block (a partition that does not acknowledge), count for the blocks they keep alive. Every piece
-// of one row comes from one block (fit): a row never keeps two alive.
+// of one row comes from one block (fit): a row never keeps two alive. A row whose values are larger
+// than slabOwnValues is a block of its own, sized by all its values — those the router forwards and
+// those it does not read, which the row keeps alive just the same.
 type slab struct {
 	bytes []byte
 	cols  []Column
 	rows  []Row
 	block *pin.Block
+	// alone is set by fit for a row too large for a block: its pieces are allocated for it alone,
+	// and its block is its own.
+	alone *pin.Block
 }
 
 const (
 	slabBytes   = 16 << 10
 	slabColumns = 256
 	slabRows    = 64
-	// slabOwnValues: values larger than this get an allocation of their own, outside the block
-	// (charged as the record's own bytes).
+	// slabOwnValues: a row whose values are larger than this is a block of its own.
 	slabOwnValues = slabBytes / 4
 )
 
@@ -287,10 +291,13 @@ const (
 const rowSize = int(unsafe.Sizeof(Row{}))
 
 // fit makes room for one row of n bytes of values and c columns in the current block, or starts a
-// new block: the row's pieces (take, columns, row) then all come from one block.
+// new block, or (more than slabOwnValues bytes) a block for the row alone: the row's pieces (take,
+// columns, row) then all come from one block.
 func (b *slab) fit(n, c int) {
+	b.alone = nil
 	if n > slabOwnValues {
-		n = 0
+		b.alone = pin.NewBlock(int64(n + c*columnSize + rowSize))
+		return
 	}
 	if b.block != nil && cap(b.bytes)-len(b.bytes) >= n && cap(b.cols)-len(b.cols) >= c && len(b.rows) < cap(b.rows) {
 		return
@@ -301,9 +308,9 @@ func (b *slab) fit(n, c int) {
 	b.block = pin.NewBlock(int64(cap(b.bytes) + cap(b.cols)*columnSize + cap(b.rows)*rowSize))
 }
 
-// take returns n bytes of the block (a value larger than slabOwnValues gets an allocation of its own).
+// take returns n bytes of the block (of their own for more than slabOwnValues).
 func (b *slab) take(n int) []byte {
-	if n > slabOwnValues {
+	if n > slabOwnValues || b.alone != nil {
 		return make([]byte, n)
 	}
 	b.fit(n, 0)
@@ -314,6 +321,9 @@ func (b *slab) take(n int) []byte {
 
 // columns returns n columns of the block.
 func (b *slab) columns(n int) []Column {
+	if b.alone != nil {
+		return make([]Column, n)
+	}
 	b.fit(0, n)
 	start := len(b.cols)
 	b.cols = b.cols[:start+n]
@@ -322,6 +332,10 @@ func (b *slab) columns(n int) []Column {
 
 // row stores r in the block, marked as the block's, and returns it there.
 func (b *slab) row(r Row) *Row {
+	if b.alone != nil {
+		r.block, b.alone = b.alone, nil
+		return &r
+	}
 	b.fit(0, 0)
 	r.block = b.block
 	b.rows = append(b.rows, r)
