@@ -126,3 +126,51 @@ func TestBlocksAreChargedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockOfARowGivenUpIsGivenBack: a row waits for room while the other record of its block is in
+// flight; that record is acknowledged, then the waiting row is given up (its context ends). The row
+// was the block's last holder, so what the acknowledged record charged for the block must be given
+// back, or the byte cap shrinks for good.
+func TestBlockOfARowGivenUpIsGivenBack(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	counters := new(Counters)
+	r := testRouter(t, c, func(o *Options) {
+		o.Limits.MaxInFlightRecords, o.Limits.MaxInFlightBytes = 1000, 64<<20
+		o.Counters = counters
+		o.IsolateUntil = 100 // a row of a transaction committed at or below 100 waits until it is alone
+	})
+	x, y := pin.NewBlock(32<<10), pin.NewBlock(32<<10)
+	a, err := r.Prepare(context.Background(), blockedRow{row("orders", "a"), x}, Source{LSN: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := r.Prepare(context.Background(), blockedRow{row("orders", "c"), y}, Source{LSN: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := r.Prepare(ctx, blockedRow{row("orders", "b"), x}, Source{LSN: 3, CommitLSN: 50})
+		waited <- err
+	}()
+	for x.Holders() != 2 { // the waiting row holds x
+		time.Sleep(time.Millisecond)
+	}
+	acked := make(chan struct{}, 2)
+	r.Produce(a, func() { acked <- struct{}{} })
+	<-acked
+	cancel()
+	if err := <-waited; err == nil {
+		t.Fatal("the row waiting to be alone was taken while another record was in flight")
+	}
+	r.Produce(other, func() { acked <- struct{}{} })
+	<-acked
+	if b := counters.InFlightBytes.Load(); b != 0 || x.Holders() != 0 || y.Holders() != 0 {
+		t.Fatalf("%d bytes in flight (holders %d, %d) after every record taken was acknowledged", b, x.Holders(), y.Holders())
+	}
+}

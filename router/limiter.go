@@ -83,6 +83,18 @@ func (l *limiter) release(n int64, now time.Time, took time.Duration) {
 	}
 }
 
+// ReleaseBytes returns n bytes of room that no record holds any more (a shared block whose last
+// holder gave up before it was charged).
+func (l *limiter) ReleaseBytes(n int64) {
+	l.mu.Lock()
+	l.bytes -= n
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
 // InFlight returns the records and bytes in flight, and the records' cap now.
 func (l *limiter) InFlight() (records, bytes, window int64) {
 	l.mu.Lock()

@@ -492,15 +492,20 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 		p.block = b.Block()
 	}
 	// A record keeps its row's whole block alive: the first of a block in flight charges it.
-	charge := p.size + p.block.Hold()
+	block := p.block.Hold()
 	var err error
 	if p.alone || r.lastAlone {
-		err = r.limiter.AcquireAlone(ctx, charge)
+		err = r.limiter.AcquireAlone(ctx, p.size+block)
 	} else {
-		err = r.limiter.Acquire(ctx, charge)
+		err = r.limiter.Acquire(ctx, p.size+block)
 	}
 	if err != nil {
-		p.block.Release() // nothing was charged
+		// Nothing of p was charged. If the block's records in flight were all acknowledged while p
+		// waited, p is the last holder of what they charged: it is given back.
+		if give := p.block.Release() - block; give > 0 {
+			r.limiter.ReleaseBytes(give)
+			r.trackInFlight()
+		}
 		return nil, err
 	}
 	r.lastAlone = p.alone
