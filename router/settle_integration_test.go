@@ -21,7 +21,8 @@ import (
 // meanwhile waits inside the broker for its retry backoff (20 ms). The router begins the next
 // transaction only once the coordinator says the last one is complete, so back-to-back commits
 // never find it still preparing. (Checked by breaking it: without the wait in begin, most rounds
-// find PrepareCommit.)
+// find PrepareCommit; without the pause between questions, some commit asks more often than
+// the pauses allow.)
 func TestNextTransactionBeginsOnceTheLastIsComplete(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
@@ -90,7 +91,23 @@ func TestNextTransactionBeginsOnceTheLastIsComplete(t *testing.T) {
 		if c.Records != 1 || c.Flush <= 0 || c.End <= 0 || c.Settle < 0 || c.Latency() != c.Flush+c.End {
 			t.Errorf("commit %d observed as %+v: want 1 record and positive flush and end times", i, c)
 		}
+		// The coordinator is asked with pauses between, not once per round trip.
+		if c.SettleAsks < 1 || c.SettleAsks > asksWithin(c.Settle) {
+			t.Errorf("commit %d: settle asked the coordinator %d times in %v, want 1 to %d (paced)", i, c.SettleAsks, c.Settle, asksWithin(c.Settle))
+		}
 	}
+}
+
+// asksWithin is how many times settle can ask within d when it pauses as it should: once at the
+// start, then once after each pause (settlePause, doubling up to settlePauseMax) that ended by d.
+func asksWithin(d time.Duration) int {
+	asks, pause, waited := 1, settlePause, time.Duration(0)
+	for waited+pause <= d {
+		asks++
+		waited += pause
+		pause = min(2*pause, settlePauseMax)
+	}
+	return asks
 }
 
 // commits is a TxnObserver that keeps what it is told.

@@ -377,7 +377,7 @@ func (r *Router) StartCommit(ctx context.Context, cp checkpoint.Record, ended fu
 			r.inTxn[lane] = false
 			r.opts.Counters.TransactionsCommitted.Add(1)
 			settled := time.Now()
-			r.settle(lane)
+			c.SettleAsks = r.settle(lane)
 			c.Settle = time.Since(settled)
 			if r.opts.Observer != nil {
 				if o, ok := r.opts.Observer.(TxnObserver); ok {
@@ -475,6 +475,15 @@ func (r *Router) WaitCommit(ctx context.Context) error {
 // coordinator: past it, the broker's own retries take over.
 const settleWait = 50 * time.Millisecond
 
+// settlePause is the pause between the first two questions settle asks the coordinator; each
+// later pause doubles, up to settlePauseMax. Markers are mostly written within a round trip or
+// two, so the first pause is short; a coordinator that is slow (a broker short of CPU) is asked
+// a few times within settleWait instead of once per round trip.
+const (
+	settlePause    = time.Millisecond
+	settlePauseMax = 8 * time.Millisecond
+)
+
 // settle asks the transaction coordinator until the transaction just committed on lane is complete.
 // EndTxn returns once the commit is decided, before its markers are written; a record produced into
 // the next transaction of the same transactional id meanwhile is answered CONCURRENT_TRANSACTIONS
@@ -482,25 +491,38 @@ const settleWait = 50 * time.Millisecond
 // franz-go's own backoff for the same answer before transactions v2 is 20 ms too). Asking takes a
 // round trip or two, so the lane's next transaction begins within about a millisecond of the
 // markers instead of 20 ms later. With two lanes the other lane takes records meanwhile; with one
-// they wait. Any error ends the wait; the broker's retries are still there.
-func (r *Router) settle(lane int) {
+// they wait. Between questions it pauses (settlePause, doubling), so that a slow coordinator is not
+// asked once per round trip. Any error ends the wait; the broker's retries are still there. It
+// returns how many questions it asked.
+func (r *Router) settle(lane int) (asked int) {
 	ctx, cancel := context.WithTimeout(r.closeCtx, settleWait)
 	defer cancel()
 	id := r.opts.Transactions.laneID(lane)
+	pause := settlePause
 	for ctx.Err() == nil {
+		asked++
 		described, err := r.admin.DescribeTransactions(ctx, id)
 		if err != nil {
 			r.log.Debug("ask whether the last kafka transaction is complete", "error", err.Error())
-			return
+			return asked
 		}
 		switch d := described[id]; {
 		case d.Err != nil:
 			r.log.Debug("ask whether the last kafka transaction is complete", "error", d.Err.Error())
-			return
+			return asked
 		case !strings.HasPrefix(d.State, "Prepare"): // PrepareCommit, PrepareAbort, PrepareEpochFence
-			return
+			return asked
 		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return asked
+		}
+		pause = min(2*pause, settlePauseMax)
 	}
+	return asked
 }
 
 // TxnObserver is an Observer that is also told of every committed Kafka transaction (exactly-once
@@ -521,6 +543,8 @@ type TxnCommit struct {
 	// Settle is the wait, after EndTxn, until the coordinator had written the commit markers
 	// (records produced meanwhile wait for it; see settle).
 	Settle time.Duration
+	// SettleAsks is how many times settle asked the coordinator (DescribeTransactions).
+	SettleAsks int
 }
 
 // Latency is the commit's latency as the commit-seconds histogram counts it: flush and EndTxn.
