@@ -82,16 +82,7 @@ func TestHeldRecordsChargeTheirBlocks(t *testing.T) {
 // TestBlocksAreChargedOnce: rows that share blocks charge each block once while any of their
 // records is in flight, and everything is given back once all are acknowledged.
 func TestBlocksAreChargedOnce(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	counters := new(Counters)
-	r := testRouter(t, c, func(o *Options) {
-		o.Limits.MaxInFlightRecords, o.Limits.MaxInFlightBytes = 1000, 64<<20
-		o.Counters = counters
-	})
+	r, counters := chargedRouter(t)
 	blocks := []*pin.Block{pin.NewBlock(32 << 10), pin.NewBlock(32 << 10), pin.NewBlock(32 << 10)}
 	acked := make(chan struct{}, 90)
 	var own int64
@@ -132,15 +123,7 @@ func TestBlocksAreChargedOnce(t *testing.T) {
 // was the block's last holder, so what the acknowledged record charged for the block must be given
 // back, or the byte cap shrinks for good.
 func TestBlockOfARowGivenUpIsGivenBack(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	counters := new(Counters)
-	r := testRouter(t, c, func(o *Options) {
-		o.Limits.MaxInFlightRecords, o.Limits.MaxInFlightBytes = 1000, 64<<20
-		o.Counters = counters
+	r, counters := chargedRouter(t, func(o *Options) {
 		o.IsolateUntil = 100 // a row of a transaction committed at or below 100 waits until it is alone
 	})
 	x, y := pin.NewBlock(32<<10), pin.NewBlock(32<<10)
@@ -173,4 +156,25 @@ func TestBlockOfARowGivenUpIsGivenBack(t *testing.T) {
 	if b := counters.InFlightBytes.Load(); b != 0 || x.Holders() != 0 || y.Holders() != 0 {
 		t.Fatalf("%d bytes in flight (holders %d, %d) after every record taken was acknowledged", b, x.Holders(), y.Holders())
 	}
+}
+
+// chargedRouter is a router on a one-broker kfake cluster holding the topic "orders", with room for
+// 1,000 records and 64 MiB in flight, and the counters that show what is charged; opts change its
+// options further.
+func chargedRouter(t *testing.T, opts ...func(*Options)) (*Router, *Counters) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	counters := new(Counters)
+	r := testRouter(t, c, func(o *Options) {
+		o.Limits.MaxInFlightRecords, o.Limits.MaxInFlightBytes = 1000, 64<<20
+		o.Counters = counters
+		for _, f := range opts {
+			f(o)
+		}
+	})
+	return r, counters
 }
