@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,21 +17,60 @@ import (
 // testConfig is the pipeline configuration for a fixture, with short intervals for tests.
 func testConfig(f *testenv.Fixture) config.Config { return testenv.RouterConfig(f) }
 
-// testLogger logs to the test output when -v is given and stays quiet otherwise.
-func testLogger(t testing.TB) *slog.Logger {
-	var w io.Writer = io.Discard
+// testLogger logs to the test output when -v is given and otherwise keeps the log's last lines,
+// which it prints if the test fails: a pipeline that never reached streaming says why.
+func testLogger(t testing.TB) *slog.Logger { return testLoggerTo(t, io.Discard) }
+
+// testLoggerTo logs to w, and to the test output with -v; without -v it keeps the last lines and
+// prints them if the test fails.
+func testLoggerTo(t testing.TB, w io.Writer) *slog.Logger {
 	if testing.Verbose() {
-		w = os.Stderr
+		w = io.MultiWriter(w, os.Stderr)
+	} else {
+		tail := &logTail{}
+		w = io.MultiWriter(w, tail)
+		t.Cleanup(func() { // after the pipeline's own cleanups (registered later): its last words too
+			if t.Failed() && tail.len() > 0 {
+				t.Logf("the log of %s (last %d KB; -v prints all of it):\n%s", t.Name(), logTailBytes>>10, tail.String())
+			}
+		})
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
 }
 
-// testLoggerTo logs to w (and to the test output with -v).
-func testLoggerTo(t testing.TB, w io.Writer) *slog.Logger {
-	if testing.Verbose() {
-		w = io.MultiWriter(w, os.Stderr)
+// logTailBytes is about how much of a test's log logTail keeps.
+const logTailBytes = 64 << 10
+
+// logTail keeps about the last logTailBytes of what is written to it. Safe for concurrent use: the
+// pipeline's goroutines may still log after the test has ended.
+type logTail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	if len(l.buf) > 2*logTailBytes {
+		l.buf = append(l.buf[:0], l.buf[len(l.buf)-logTailBytes:]...)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
+	return len(p), nil
+}
+
+func (l *logTail) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.buf)
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > logTailBytes {
+		return string(l.buf[len(l.buf)-logTailBytes:])
+	}
+	return string(l.buf)
 }
 
 // running is a pipeline running in the background of a test.
