@@ -30,8 +30,8 @@ func testLoggerTo(t testing.TB, w io.Writer) *slog.Logger {
 		tail := &logTail{}
 		w = io.MultiWriter(w, tail)
 		t.Cleanup(func() { // after the pipeline's own cleanups (registered later): its last words too
-			if t.Failed() && tail.len() > 0 {
-				t.Logf("the log of %s (last %d KB; -v prints all of it):\n%s", t.Name(), logTailBytes>>10, tail.String())
+			if last := tail.String(); t.Failed() && last != "" {
+				t.Logf("the log of %s (last %d KB; -v prints all of it):\n%s", t.Name(), logTailBytes>>10, last)
 			}
 		})
 	}
@@ -56,12 +56,6 @@ func (l *logTail) Write(p []byte) (int, error) {
 		l.buf = append(l.buf[:0], l.buf[len(l.buf)-logTailBytes:]...)
 	}
 	return len(p), nil
-}
-
-func (l *logTail) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.buf)
 }
 
 func (l *logTail) String() string {

@@ -513,11 +513,9 @@ func (r *Router) settle(lane int) (asked int) {
 		case !strings.HasPrefix(d.State, "Prepare"): // PrepareCommit, PrepareAbort, PrepareEpochFence
 			return asked
 		}
-		t := time.NewTimer(pause)
 		select {
-		case <-t.C:
+		case <-time.After(pause):
 		case <-ctx.Done():
-			t.Stop()
 			return asked
 		}
 		pause = min(2*pause, settlePauseMax)
