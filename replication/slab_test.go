@@ -186,3 +186,52 @@ func (h *keepingHandler) Deliver(_ context.Context, _ *checkpoint.Tx, row *Row) 
 	h.rows = append(h.rows, row)
 	return nil
 }
+
+// TestSlabBlocksFitTheirRows fills the slab with rows of one shape and checks that, from the second
+// block on, every block is mostly used when it is replaced: the part that ran out full, the other
+// two at least three quarters. Blocks of fixed thirds left a quarter of themselves unused with the
+// outbox's typical rows, and all of a block is charged to the in-flight byte cap.
+func TestSlabBlocksFitTheirRows(t *testing.T) {
+	for _, shape := range []struct {
+		name        string
+		bytes, cols int
+	}{
+		{"typical outbox row", 720, 8},
+		{"small values", 40, 6},
+		{"many columns", 200, 60},
+		{"one large value", 3000, 5},
+		{"no values", 0, 4},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			var s slab
+			blocks := 0
+			for i := range 3000 {
+				before := s.block
+				used := [3]float64{
+					float64(len(s.bytes)) / float64(max(cap(s.bytes), 1)),
+					float64(len(s.cols)) / float64(max(cap(s.cols), 1)),
+					float64(len(s.rows)) / float64(max(cap(s.rows), 1)),
+				}
+				s.fit(shape.bytes, shape.cols)
+				if before != nil && s.block != before {
+					blocks++
+					if blocks > 1 { // the first block has the defaults
+						full, least := max(used[0], used[1], used[2]), min(used[0], used[1], used[2])
+						if shape.bytes == 0 {
+							least = min(used[1], used[2])
+						}
+						if full < 0.9 || least < 0.75 {
+							t.Fatalf("row %d: block %d replaced with values/columns/rows %.2f/%.2f/%.2f used", i, blocks, used[0], used[1], used[2])
+						}
+					}
+				}
+				s.take(shape.bytes)
+				s.columns(shape.cols)
+				s.row(Row{LSN: LSN(i)})
+			}
+			if blocks < 3 {
+				t.Fatalf("only %d blocks for 3000 rows", blocks)
+			}
+		})
+	}
+}

@@ -302,10 +302,36 @@ func (b *slab) fit(n, c int) {
 	if b.block != nil && cap(b.bytes)-len(b.bytes) >= n && cap(b.cols)-len(b.cols) >= c && len(b.rows) < cap(b.rows) {
 		return
 	}
-	b.bytes = make([]byte, 0, slabBytes)
-	b.cols = make([]Column, 0, max(slabColumns, c))
-	b.rows = make([]Row, 0, slabRows)
+	nb, nc, nr := b.next()
+	b.bytes = make([]byte, 0, max(nb, n))
+	b.cols = make([]Column, 0, max(nc, c))
+	b.rows = make([]Row, 0, nr)
 	b.block = pin.NewBlock(int64(cap(b.bytes) + cap(b.cols)*columnSize + cap(b.rows)*rowSize))
+}
+
+// next sizes a new block by the rows the current one held: as many rows of their shape as fit into
+// slabBytes of values, slabColumns columns and slabRows rows, whichever runs out first, with an
+// eighth more of the other two for rows that differ. A block of fixed thirds left a quarter of
+// itself unused with the outbox's typical rows (~720 bytes of values in 8 columns filled the values
+// after 22 of 64 rows and 176 of 256 columns); its pieces keep the whole block alive while a record
+// is in flight, and the router charges all of it to the in-flight byte cap. The first block, and a
+// block after one that held no row, take the defaults.
+func (b *slab) next() (bytes, cols, rows int) {
+	held := len(b.rows)
+	if held == 0 {
+		return slabBytes, slabColumns, slabRows
+	}
+	perBytes, perCols := len(b.bytes)/held, len(b.cols)/held
+	fits := slabRows
+	if perBytes > 0 {
+		fits = min(fits, slabBytes/perBytes)
+	}
+	if perCols > 0 {
+		fits = min(fits, slabColumns/perCols)
+	}
+	fits = max(fits, 1)
+	size := func(per, limit int) int { return min(limit, fits*per+(fits*per+7)/8) }
+	return size(perBytes, slabBytes), size(perCols, slabColumns), size(1, slabRows)
 }
 
 // take returns n bytes of the block (of their own for more than slabOwnValues).
