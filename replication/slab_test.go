@@ -235,3 +235,22 @@ func TestSlabBlocksFitTheirRows(t *testing.T) {
 		})
 	}
 }
+
+// TestSlabRowDoesNotAllocate checks that a row carved from the slab costs no allocation of its own:
+// its values, columns and the Row itself come from the block (a few allocations per block, less than
+// one per row on average). A Row returned by address from row's parameter moved every call's Row to
+// the heap, one allocation per event.
+func TestSlabRowDoesNotAllocate(t *testing.T) {
+	var s slab
+	i := 0
+	if allocs := testing.AllocsPerRun(2000, func() {
+		s.fit(700, 8)
+		v := s.take(700)
+		c := s.columns(8)
+		c[0].Value = v
+		s.row(Row{LSN: LSN(i), Columns: c})
+		i++
+	}); allocs != 0 {
+		t.Fatalf("a row from the slab allocates %v times, want 0 (amortized over its block)", allocs)
+	}
+}

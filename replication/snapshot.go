@@ -359,8 +359,12 @@ func (b *slab) columns(n int) []Column {
 // row stores r in the block, marked as the block's, and returns it there.
 func (b *slab) row(r Row) *Row {
 	if b.alone != nil {
-		r.block, b.alone = b.alone, nil
-		return &r
+		// Its own allocation, made here: returning &r would move every call's r to the heap, an
+		// allocation per row the block was meant to save.
+		own := new(Row)
+		*own = r
+		own.block, b.alone = b.alone, nil
+		return own
 	}
 	b.fit(0, 0)
 	r.block = b.block
