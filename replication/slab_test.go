@@ -189,7 +189,7 @@ func (h *keepingHandler) Deliver(_ context.Context, _ *checkpoint.Tx, row *Row) 
 
 // TestSlabBlocksFitTheirRows fills the slab with rows of one shape and checks that, from the second
 // block on, every block is mostly used when it is replaced: the part that ran out full, the other
-// two at least three quarters. Blocks of fixed thirds left a quarter of themselves unused with the
+// two at least three quarters. Blocks of fixed parts left a quarter of themselves unused with the
 // outbox's typical rows, and all of a block is charged to the in-flight byte cap.
 func TestSlabBlocksFitTheirRows(t *testing.T) {
 	for _, shape := range []struct {

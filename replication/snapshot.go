@@ -311,7 +311,7 @@ func (b *slab) fit(n, c int) {
 
 // next sizes a new block by the rows the current one held: as many rows of their shape as fit into
 // slabBytes of values, slabColumns columns and slabRows rows, whichever runs out first, with an
-// eighth more of the other two for rows that differ. A block of fixed thirds left a quarter of
+// eighth more of the other two for rows that differ. A block of fixed parts left a quarter of
 // itself unused with the outbox's typical rows (~720 bytes of values in 8 columns filled the values
 // after 22 of 64 rows and 176 of 256 columns); its pieces keep the whole block alive while a record
 // is in flight, and the router charges all of it to the in-flight byte cap. The first block, and a
