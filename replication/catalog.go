@@ -41,9 +41,14 @@ func openCatalog(ctx context.Context, url, application string) (*Catalog, error)
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = application
 	}
+	pinTimers(cfg.RuntimeParams)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	if err := turnOffNewerTimers(ctx, conn.PgConn()); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
 	}
 	return &Catalog{conn: conn}, nil
 }

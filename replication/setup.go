@@ -21,12 +21,17 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	pinSessionSettings(cfg.RuntimeParams) // pgoutput writes values under the walsender's settings
+	pinTimers(cfg.RuntimeParams)
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL for replication: %w", err)
+	}
+	if err := turnOffNewerTimers(ctx, conn); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
 	}
 	return conn, nil
 }

@@ -74,6 +74,7 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
 	}
 	pinSessionSettings(cfg.RuntimeParams) // the rows are read in text form
+	pinTimers(cfg.RuntimeParams)          // a sort, a lock or a turn may take long
 	// The rows come in large FETCHes: read the socket in large pieces rather than pgx's 8 KiB.
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 		return pgproto3.NewFrontend(bufio.NewReaderSize(r, snapshotReadBuffer), w)
@@ -81,6 +82,10 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect for the snapshot: %w", err)
+	}
+	if err := turnOffNewerTimers(ctx, conn.PgConn()); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
 	}
 	stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"}
 	if name != "" {
