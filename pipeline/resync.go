@@ -85,6 +85,10 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}); err != nil {
 		return err
 	}
+	// Before anything changes: a snapshot that could not read every row must not replace the slot.
+	if err := p.checkReadable(ctx); err != nil {
+		return err
+	}
 	slot, err := cat.Slot(ctx, cfg.Postgres.Slot)
 	if err != nil {
 		return err
@@ -164,6 +168,16 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		return err
 	}
 	return cat.DropResyncMarker(ctx, cfg.Postgres.Slot)
+}
+
+// checkReadable opens a snapshot connection and checks that it can read every outbox table's rows.
+func (p *Pipeline) checkReadable(ctx context.Context) error {
+	snap, err := replication.OpenSnapshot(ctx, p.cfg.Postgres.URL, "")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = snap.Close(context.Background()) }()
+	return snap.CheckReadable(ctx, p.allTables()...)
 }
 
 // snapshotColumns are the columns a snapshot is filtered and ordered by.

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -351,4 +353,63 @@ func TestResyncOrdersByTransactionWhenPagesAreReused(t *testing.T) {
 	if strings.Join(order, ",") != strings.Join(want, ",") {
 		t.Fatalf("the aggregate's events arrived as\n%v, want\n%v", order, want)
 	}
+}
+
+// TestResyncRefusesRowsHiddenByRowLevelSecurity: row-level security on the outbox hides rows from a
+// role that neither owns the table nor bypasses it (with no policy at all, every row), while the WAL
+// carries them all. resync, dry or not, refuses before it touches the slot, naming BYPASSRLS, instead
+// of publishing a snapshot without them; with BYPASSRLS every row is published.
+func TestResyncRefusesRowsHiddenByRowLevelSecurity(t *testing.T) {
+	f := testenv.NewFixture(t)
+	ctx := context.Background()
+	cfg := testConfig(f)
+	cfg.Postgres.URL = roleWithSettings(t, f)
+	evs := testenv.Preload(t, f, testenv.NewGenerator(3, "Hidden"), 50)
+	if _, err := f.DB.Exec(ctx, "ALTER TABLE "+f.Table+" ENABLE ROW LEVEL SECURITY"); err != nil {
+		t.Fatal(err)
+	}
+	run := startPipeline(t, cfg) // the slot exists: a refused resync must leave it as it was
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	before := f.ConfirmedFlushLSN(t)
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []ResyncOptions{{Yes: true, SnapshotOnly: true}, {DryRun: true, Out: io.Discard}} {
+		res, err := p.Resync(ctx, o)
+		if !errors.Is(err, replication.ErrNotSetUp) || !strings.Contains(err.Error(), "BYPASSRLS") {
+			t.Fatalf("resync (dry run %t) of an outbox whose rows row-level security hides: %d rows, error %v; want a set-up error naming BYPASSRLS", o.DryRun, res.Rows, err)
+		}
+	}
+	var slots []string
+	if err := f.DB.QueryRow(ctx, "SELECT coalesce(array_agg(slot_name::text), '{}') FROM pg_replication_slots WHERE slot_name LIKE $1", f.Slot+"%").Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if after := f.ConfirmedFlushLSN(t); after != before || len(slots) != 1 {
+		t.Fatalf("the refused resync changed the slots: %v, confirmed_flush_lsn %s, was %s", slots, after, before)
+	}
+
+	u, err := url.Parse(cfg.Postgres.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = admin.Close(ctx) }()
+	if _, err := admin.Exec(ctx, "ALTER ROLE "+pgx.Identifier{u.User.Username()}.Sanitize()+" BYPASSRLS"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Resync(ctx, ResyncOptions{Yes: true, SnapshotOnly: true})
+	if err != nil {
+		t.Fatalf("resync with BYPASSRLS: %v", err)
+	}
+	if res.Rows != int64(len(evs)) {
+		t.Fatalf("resync with BYPASSRLS published %d rows, want %d", res.Rows, len(evs))
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Hidden"), len(evs), time.Minute)
+	testenv.VerifyDelivery(t, f, evs, got)
 }

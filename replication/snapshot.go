@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/pin"
@@ -75,6 +76,10 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 	}
 	pinSessionSettings(cfg.RuntimeParams) // the rows are read in text form
 	pinTimers(cfg.RuntimeParams)          // a sort, a lock or a turn may take long
+	// Row-level security on the outbox would hide rows from the snapshot without a word (a table
+	// with RLS enabled and no policy shows a role that is neither its owner nor BYPASSRLS nothing at
+	// all), while the WAL carries every row: off, a query it would affect fails instead, as pg_dump's.
+	cfg.RuntimeParams["row_security"] = "off"
 	// The rows come in large FETCHes: read the socket in large pieces rather than pgx's 8 KiB.
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 		return pgproto3.NewFrontend(bufio.NewReaderSize(r, snapshotReadBuffer), w)
@@ -150,6 +155,29 @@ func wherePart(cols SnapshotColumns, f SnapshotFilter, part, parts int) (string,
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
+// hiddenRows explains the error of a snapshot query that row-level security would have filtered
+// (row_security is off on snapshot connections, so such a query fails instead of skipping rows).
+func hiddenRows(err error, o Outbox) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security") {
+		return fmt.Errorf("%w: %w: the outbox table %s has row-level security, which would hide rows from the snapshot "+
+			"(the WAL carries every row, so the stream does not see it): let the role bypass it (ALTER ROLE ... BYPASSRLS) "+
+			"or connect as the table's owner, for the resync", ErrNotSetUp, err, o)
+	}
+	return err
+}
+
+// CheckReadable fails, naming the fix, when the snapshot could not read every row of each table:
+// row-level security would hide rows, or the role lacks SELECT. It reads no row.
+func (s *Snapshot) CheckReadable(ctx context.Context, tables ...Outbox) error {
+	for _, o := range tables {
+		if _, err := s.conn.Exec(ctx, "SELECT FROM "+o.qualified()+" LIMIT 0"); err != nil {
+			return fmt.Errorf("read the outbox table %s: %w", o, hiddenRows(err, o))
+		}
+	}
+	return nil
+}
+
 // Count returns the number of rows of table that the filter selects.
 func (s *Snapshot) Count(ctx context.Context, o Outbox, cols SnapshotColumns, f SnapshotFilter) (int64, error) {
 	w, args, err := where(cols, f)
@@ -158,7 +186,7 @@ func (s *Snapshot) Count(ctx context.Context, o Outbox, cols SnapshotColumns, f 
 	}
 	var n int64
 	if err := s.conn.QueryRow(ctx, "SELECT count(*) FROM "+o.qualified()+w, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count snapshot rows: %w", err)
+		return 0, fmt.Errorf("count snapshot rows: %w", hiddenRows(err, o))
 	}
 	return n, nil
 }
@@ -247,7 +275,7 @@ func (s *Snapshot) query(ctx context.Context, o Outbox, cols SnapshotColumns, f 
 		}
 	}
 	if _, err := s.conn.Exec(ctx, "DECLARE "+cursorName+" NO SCROLL CURSOR FOR SELECT * FROM "+o.qualified()+w+" ORDER BY "+strings.Join(order, ", "), args...); err != nil {
-		return fmt.Errorf("open snapshot cursor: %w", err)
+		return fmt.Errorf("open snapshot cursor: %w", hiddenRows(err, o))
 	}
 	s.open = true
 	return nil

@@ -27,10 +27,10 @@ func pinTimers(params map[string]string) {
 }
 
 // newerTimersOff turns off the timers only newer servers have (idle_session_timeout since PostgreSQL
-// 14, transaction_timeout since 17), those the server knows: as startup parameters they would refuse
-// the connection to an older server. The statement is constant; it runs over the simple protocol,
-// which replication connections need.
-const newerTimersOff = "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name IN ('idle_session_timeout', 'transaction_timeout')"
+// 14, transaction_timeout since 17), those the server knows (current_setting(n, true) is NULL for a
+// setting it does not): as startup parameters they would refuse the connection to an older server.
+// The statement is constant; it runs over the simple protocol, which replication connections need.
+const newerTimersOff = "SELECT pg_catalog.set_config(n, '0', false) FROM (VALUES ('idle_session_timeout'), ('transaction_timeout')) AS t(n) WHERE pg_catalog.current_setting(n, true) IS NOT NULL"
 
 // turnOffNewerTimers runs newerTimersOff on conn, outside any transaction.
 func turnOffNewerTimers(ctx context.Context, conn *pgconn.PgConn) error {
