@@ -155,14 +155,16 @@ func wherePart(cols SnapshotColumns, f SnapshotFilter, part, parts int) (string,
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
-// hiddenRows explains the error of a snapshot query that row-level security would have filtered
-// (row_security is off on snapshot connections, so such a query fails instead of skipping rows).
+// hiddenRows explains the error of a snapshot query the role may not run over every row: SQLSTATE 42501,
+// a missing SELECT privilege or row-level security (row_security is off on snapshot connections, so a
+// query it would filter fails instead of skipping rows). The code, not the message, decides: the
+// server may write its messages in another language.
 func hiddenRows(err error, o Outbox) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security") {
-		return fmt.Errorf("%w: %w: the outbox table %s has row-level security, which would hide rows from the snapshot "+
-			"(the WAL carries every row, so the stream does not see it): let the role bypass it (ALTER ROLE ... BYPASSRLS) "+
-			"or connect as the table's owner, for the resync", ErrNotSetUp, err, o)
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("%w: %w: the role may not read every row of the outbox table %s, so a snapshot would miss rows "+
+			"that the WAL carries: grant it SELECT on the table and, if the table has row-level security, let it bypass that "+
+			"(ALTER ROLE ... BYPASSRLS) or connect as the table's owner", ErrNotSetUp, err, o)
 	}
 	return err
 }

@@ -278,9 +278,12 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 }
 
 // missingPublication reports the walsender's error for a publication that does not exist at the
-// position it decodes (SQLSTATE 42704).
+// position it decodes: SQLSTATE 42704 raised while pgoutput decodes (its context names the output
+// plugin), or one whose message names a publication. The server may write its messages in another
+// language (lc_messages), so the context, not the text, is what is relied on; the plugin's name is
+// never translated.
 func missingPublication(err *pgconn.PgError) bool {
-	return err.Code == "42704" && strings.Contains(err.Message, "publication")
+	return err.Code == "42704" && (strings.Contains(err.Where, `"pgoutput"`) || strings.Contains(err.Message, "publication"))
 }
 
 // serverError is an error the server ended the stream with. One that a replay meets again — the
