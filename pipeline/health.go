@@ -259,12 +259,21 @@ func (p *Pipeline) pollSlot(ctx context.Context, poke <-chan struct{}) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, slotTimeout)
 		var err error
+		reused := mon != nil
 		if mon == nil {
 			mon, err = replication.OpenMonitor(pctx, p.cfg.Postgres.URL)
 		}
 		var st replication.SlotState
 		if err == nil {
 			st, err = mon.Slot(pctx, p.cfg.Postgres.Slot)
+		}
+		if err != nil && reused && pctx.Err() == nil {
+			// The connection may have ended since the last poll (the server restarted, a proxy or a
+			// script ended an idle connection): a new one answers now rather than a poll later.
+			_ = mon.Close(context.Background())
+			if mon, err = replication.OpenMonitor(pctx, p.cfg.Postgres.URL); err == nil {
+				st, err = mon.Slot(pctx, p.cfg.Postgres.Slot)
+			}
 		}
 		cancel()
 		now := time.Now()

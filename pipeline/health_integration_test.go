@@ -3,6 +3,7 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,4 +232,41 @@ func TestStartWhileKafkaIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.VerifyDelivery(t, f, evs, testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Late"), 1, time.Minute))
+}
+
+// TestSlotMonitorOutlivesItsConnection: the slot monitor's connection ends between two polls (a script
+// terminates the idle backend; a server restart or a proxy does the same): the next poll reconnects at
+// once, so the slot's state never turns unknown and /readyz never fails for it.
+func TestSlotMonitorOutlivesItsConnection(t *testing.T) {
+	f := testenv.NewFixture(t)
+	ctx := context.Background()
+	cfg := testConfig(f)
+	cfg.Postgres.URL = roleWithSettings(t, f) // a role of its own: only this test's monitor is ended
+	u, err := url.Parse(cfg.Postgres.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := startPipeline(t, cfg)
+	testenv.WaitFor(t, time.Minute, "the slot monitor's first poll", func() bool { return !run.p.Health().SlotMonitorLastSuccess.IsZero() })
+	admin, err := pgx.Connect(ctx, f.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = admin.Close(ctx) }()
+	var ended int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1 AND application_name = 'outbox-cdc-monitor'",
+		u.User.Username()).Scan(&ended); err != nil {
+		t.Fatal(err)
+	}
+	if ended != 1 {
+		t.Fatalf("ended %d monitor connections, want 1", ended)
+	}
+	at := time.Now()
+	testenv.WaitFor(t, time.Minute, "the slot monitor's next poll", func() bool {
+		h := run.p.Health()
+		return h.SlotMonitorErrors > 0 || h.SlotMonitorLastSuccess.After(at)
+	})
+	if h := run.p.Health(); h.SlotMonitorErrors != 0 || !h.Ready {
+		t.Errorf("slot monitor errors %d, ready %t (%s) after its connection ended between polls", h.SlotMonitorErrors, h.Ready, h.NotReady)
+	}
 }
