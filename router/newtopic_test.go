@@ -28,7 +28,9 @@ func slowCreate(c *kfake.Cluster, topic string, delay time.Duration, errCode int
 		if len(req.Topics) != 1 || req.Topics[0].Topic != topic {
 			return nil, nil, false
 		}
-		time.Sleep(delay)
+		// Asleep without holding the cluster: kfake runs control functions in its one loop, and a
+		// plain sleep there would hold every other request (the other topics' produce requests too).
+		c.SleepControl(func() { time.Sleep(delay) })
 		if errCode == 0 {
 			return nil, nil, false
 		}
