@@ -718,4 +718,21 @@ func TestGeneratedColumnsOnPostgres18(t *testing.T) {
 			t.Errorf("event %s was not delivered to %s.Gen%d with its generated event_type", id, prefix, i)
 		}
 	}
+
+	// A VIRTUAL generated column (18's default without STORED) is never published, whatever the
+	// publication says: refused at start, naming STORED, even with a publication the router creates.
+	adminExec(t, db, `CREATE TABLE outbox_virtual (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, payload jsonb NOT NULL,
+		event_type text GENERATED ALWAYS AS (payload->>'type'), created_at timestamptz NOT NULL DEFAULT now())`)
+	vcfg := cfg
+	vcfg.Postgres.Table, vcfg.Postgres.Slot, vcfg.Postgres.Publication = "public.outbox_virtual", "outbox_cdc_virtual", "outbox_cdc_virtual"
+	p, err = New(vcfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	err = p.Run(rctx)
+	cancel()
+	if err == nil || !permanent(err) || !strings.Contains(err.Error(), "VIRTUAL") || !strings.Contains(err.Error(), "STORED") {
+		t.Fatalf("run on an outbox whose event_type is a VIRTUAL generated column returned %v, want a permanent error naming VIRTUAL and STORED", err)
+	}
 }

@@ -351,7 +351,8 @@ type tableFacts struct {
 	oid         uint32
 	partitioned bool
 	columns     []string
-	generated   []string // generated columns (GENERATED ALWAYS AS ... STORED)
+	generated   []string // generated columns (GENERATED ALWAYS AS ..., STORED or VIRTUAL)
+	virtual     []string // the VIRTUAL ones (PostgreSQL 18 on; its default): never published
 }
 
 func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
@@ -359,9 +360,10 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 	var kind, persistence string
 	err := c.conn.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relpersistence::text,
 		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
-		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '' ORDER BY a.attnum)
+		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '' ORDER BY a.attnum),
+		array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 'v' ORDER BY a.attnum)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns, &t.generated)
+		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns, &t.generated, &t.virtual)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, fmt.Errorf("%w: outbox table %s does not exist (postgres.table); create it from sql/outbox.sql", ErrNotSetUp, o)
 	}
@@ -494,14 +496,15 @@ func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tab
 }
 
 // unpublishedGenerated returns the generated columns the router reads that the publication does not
-// carry: every one before PostgreSQL 18, which never publishes generated columns; from 18 on, those
-// the publication neither publishes (publish_generated_columns = stored) nor names in its column list.
+// carry: every one before PostgreSQL 18, which never publishes generated columns; from 18 on, the
+// VIRTUAL ones (never published) and those the publication neither publishes
+// (publish_generated_columns = stored) nor names in its column list.
 func (c *Catalog) unpublishedGenerated(o SetupOptions, t tableFacts, publishesGenerated bool, columnList []string) (required, optional []ColumnRole) {
 	for _, role := range o.Columns {
 		if !slices.Contains(t.generated, role.Column) {
 			continue
 		}
-		if c.version >= 180000 && (publishesGenerated || slices.Contains(columnList, role.Column)) {
+		if c.version >= 180000 && !slices.Contains(t.virtual, role.Column) && (publishesGenerated || slices.Contains(columnList, role.Column)) {
 			continue
 		}
 		if role.Required {
@@ -514,7 +517,11 @@ func (c *Catalog) unpublishedGenerated(o SetupOptions, t tableFacts, publishesGe
 }
 
 // generatedFix says how to have a generated column's value reach the router.
-func (c *Catalog) generatedFix(o SetupOptions) string {
+func (c *Catalog) generatedFix(o SetupOptions, t tableFacts, column string) string {
+	if slices.Contains(t.virtual, column) {
+		return fmt.Sprintf("it is VIRTUAL (PostgreSQL 18's default for GENERATED ALWAYS AS), and virtual generated columns are never published: re-create it STORED (ALTER TABLE ... DROP COLUMN %[1]s, then ADD COLUMN %[1]s ... GENERATED ALWAYS AS (...) STORED), or make it an ordinary column",
+			pgx.Identifier{column}.Sanitize())
+	}
 	if c.version >= 180000 {
 		return fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored)", pgx.Identifier{o.Outbox.Publication}.Sanitize())
 	}
@@ -529,8 +536,8 @@ func (c *Catalog) generatedColumnsError(o SetupOptions, t tableFacts, publishesG
 		return nil
 	}
 	role := required[0]
-	return fmt.Errorf("%w: outbox column %q (%s) is a generated column, and publication %q does not carry generated columns, so no row would reach the router with it: %s",
-		ErrNotSetUp, role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o))
+	return fmt.Errorf("%w: outbox column %q (%s) is a generated column, and publication %q does not carry it, so no row would reach the router with it: %s",
+		ErrNotSetUp, role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o, t, role.Column))
 }
 
 // generatedColumns warns of optional columns that are generated and not published.
@@ -539,7 +546,7 @@ func (c *Catalog) generatedColumns(o SetupOptions, t tableFacts, publishesGenera
 	var warnings []string
 	for _, role := range optional {
 		warnings = append(warnings, fmt.Sprintf("outbox column %q (%s) is a generated column that publication %q does not carry: records go without it (%s)",
-			role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o)))
+			role.Column, role.Key, o.Outbox.Publication, c.generatedFix(o, t, role.Column)))
 	}
 	return warnings
 }
