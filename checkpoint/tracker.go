@@ -167,6 +167,15 @@ func (t *Tracker) advance() bool {
 	return moved
 }
 
+// Received reports whether tx's Commit message has arrived, and how many of the records handed to
+// Kafka for it are not acknowledged yet. A transaction not committed with nothing unacknowledged is
+// one a session ended in the middle of, whose rows so far Kafka all holds.
+func (t *Tracker) Received(tx *Tx) (committed bool, unacknowledged int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tx.committed, tx.pending
+}
+
 // Watermark returns the LSN that may be confirmed to PostgreSQL.
 func (t *Tracker) Watermark() LSN {
 	t.mu.Lock()

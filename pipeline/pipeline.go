@@ -284,6 +284,12 @@ type ackedPosition struct {
 	// timelineStart is where that timeline began on the server that streamed it: a timeline of the
 	// same number that began elsewhere (a sibling promoted on its own) shares no positions past it.
 	timelineStart checkpoint.LSN
+	// partial is the commit position of the transaction the session ended in the middle of (its
+	// Commit message never came), and partialRows how many of its leading rows Kafka had all
+	// acknowledged: pgoutput sends a transaction's rows before its commit, and they are produced as
+	// they come. Zero when the session ended between transactions or with some of them unacknowledged.
+	partial     checkpoint.LSN
+	partialRows int
 }
 
 // skipBelow is the position below which a session on srv, starting from the slot at start, may skip
@@ -303,6 +309,22 @@ func (a ackedPosition) skipBelow(srv replication.Server, start checkpoint.LSN) c
 		return 0
 	}
 	return r.SkipBelow
+}
+
+// partialSkip is the commit position of the transaction whose first rows a session on srv, starting
+// from the slot at start, may skip as already acknowledged, and how many (zero: none). The same
+// transaction is replayed at the same commit position only where the WAL is the same: skipBelow's
+// rule, applied to the position just past its commit.
+func (a ackedPosition) partialSkip(srv replication.Server, start checkpoint.LSN) (checkpoint.LSN, int) {
+	if a.partial == 0 || a.partialRows <= 0 {
+		return 0, 0
+	}
+	at := a
+	at.lsn = a.partial + 1
+	if !checkpoint.AlreadyDelivered(a.partial, at.skipBelow(srv, start)) {
+		return 0, 0
+	}
+	return a.partial, a.partialRows
 }
 
 // madeProgress reports whether the last session did something worth starting the backoff over for:
@@ -484,8 +506,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}()
 	go p.watchKafka(streamCtx, tracker, cancel)
 	base := handler{router: rt, tracker: tracker}
-	if below := c.acked.skipBelow(srv, res.Slot.ConfirmedFlush); eos == nil && below != 0 {
-		base.skip = &skipper{below: below, rows: &p.skippedRows}
+	if eos == nil {
+		base.skip = &skipper{below: c.acked.skipBelow(srv, res.Slot.ConfirmedFlush), rows: &p.skippedRows}
+		base.skip.partial, base.skip.partialRows = c.acked.partialSkip(srv, res.Slot.ConfirmedFlush)
 	}
 	switch {
 	case eos != nil:
@@ -563,8 +586,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// transactions between were acknowledged, and the next session replays them only if its set-up
 		// finds the outbox unchanged since the last verification (setup: Continues), in which case the
 		// walsender sends them again with the same rows.
-		c.acked = ackedPosition{lsn: tracker.Watermark(), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline, timelineStart: srv.TimelineStart()}
-		if base.skip != nil && base.skip.txs > 0 {
+		c.acked = base.skip.carry(tracker, srv)
+		if base.skip.txs > 0 || base.skip.n > 0 {
 			p.log.Info("skipped transactions Kafka had acknowledged before the last failure (not sent again)", "transactions", base.skip.txs, "rows", base.skip.n)
 		}
 	}
@@ -1119,27 +1142,81 @@ type handler struct {
 	ack   func()
 }
 
-// skipper skips whole transactions committed below a position, counting them.
+// skipper skips whole transactions committed below a position, and the leading rows of the one
+// transaction an earlier session ended in the middle of, counting them. It also follows how many rows
+// of the current transaction were handed over, for the next session's skip.
 type skipper struct {
 	below checkpoint.LSN
-	rows  *atomic.Int64 // rows skipped, over the pipeline's life
-	last  *checkpoint.Tx
-	txs   int   // transactions skipped in this session
-	n     int64 // rows skipped in this session
+	// partial is the commit position of the transaction whose first partialRows rows are skipped.
+	partial     checkpoint.LSN
+	partialRows int
+	rows        *atomic.Int64 // rows skipped, over the pipeline's life
+	// cur is the transaction whose rows came last, and seen how many of them were handed to Kafka or
+	// skipped.
+	cur     *checkpoint.Tx
+	seen    int
+	skipped *checkpoint.Tx // the last transaction counted in txs
+	txs     int            // transactions skipped (whole or in part) in this session
+	n       int64          // rows skipped in this session
 }
 
-// skips reports whether tx is to be skipped, and counts it.
+// skips reports whether the next row of tx is to be skipped, and counts it. A row it does not skip
+// must be reported with handed once Kafka has it.
 func (s *skipper) skips(tx *checkpoint.Tx) bool {
-	if s == nil || tx.CommitLSN() == 0 || !checkpoint.AlreadyDelivered(tx.CommitLSN(), s.below) {
+	if s == nil {
 		return false
 	}
+	if s.cur != tx {
+		s.cur, s.seen = tx, 0
+	}
+	c := tx.CommitLSN()
+	if c == 0 || !(checkpoint.AlreadyDelivered(c, s.below) || c == s.partial && s.seen < s.partialRows) {
+		return false
+	}
+	s.seen++
 	s.rows.Add(1)
 	s.n++
-	if s.last != tx {
-		s.last = tx
+	if s.skipped != tx {
+		s.skipped = tx
 		s.txs++
 	}
 	return true
+}
+
+// carry is what the next session may skip: the transactions below this session's watermark or below
+// what it was told to skip itself (a session cut before it got that far must not forget it), and the
+// leading rows of the transaction it ended in the middle of if Kafka holds them all (an
+// unacknowledged one may be lost: then they all go again) — or the earlier such transaction if this
+// session did not get to it.
+func (s *skipper) carry(tracker *checkpoint.Tracker, srv replication.Server) ackedPosition {
+	a := ackedPosition{lsn: max(tracker.Watermark(), s.below), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline, timelineStart: srv.TimelineStart()}
+	if !checkpoint.AlreadyDelivered(s.partial, a.lsn) {
+		a.partial, a.partialRows = s.partial, s.partialRows
+	}
+	if tx, rows := s.open(); tx != nil && tx.CommitLSN() != 0 && !checkpoint.AlreadyDelivered(tx.CommitLSN(), a.lsn) {
+		if committed, unacked := tracker.Received(tx); !committed && unacked == 0 {
+			if tx.CommitLSN() == a.partial {
+				rows = max(rows, a.partialRows)
+			}
+			a.partial, a.partialRows = tx.CommitLSN(), rows
+		}
+	}
+	return a
+}
+
+// handed records that the current transaction's next row was handed to Kafka.
+func (s *skipper) handed() {
+	if s != nil {
+		s.seen++
+	}
+}
+
+// open is the transaction whose rows came last and how many of them were handed over or skipped.
+func (s *skipper) open() (*checkpoint.Tx, int) {
+	if s == nil {
+		return nil, 0
+	}
+	return s.cur, s.seen
 }
 
 // Deliver implements replication.Handler.
@@ -1157,5 +1234,6 @@ func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replicati
 		h.ackTx, h.ack = tx, func() { tracker.Ack(tx) }
 	}
 	h.router.Produce(prepared, h.ack)
+	h.skip.handed()
 	return nil
 }
