@@ -167,13 +167,14 @@ func (t *Tracker) advance() bool {
 	return moved
 }
 
-// Received reports whether tx's Commit message has arrived, and how many of the records handed to
-// Kafka for it are not acknowledged yet. A transaction not committed with nothing unacknowledged is
-// one a session ended in the middle of, whose rows so far Kafka all holds.
-func (t *Tracker) Received(tx *Tx) (committed bool, unacknowledged int) {
+// CutShort reports whether tx is a transaction a session ends in the middle of with everything before
+// it in Kafka: its Commit message has not arrived, every transaction before it is folded into the
+// watermark, and every record handed to Kafka for it is acknowledged. Its rows so far may then be
+// counted as delivered, contiguous with the watermark.
+func (t *Tracker) CutShort(tx *Tx) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return tx.committed, tx.pending
+	return !tx.committed && tx.pending == 0 && len(t.queue) > 0 && t.queue[0] == tx
 }
 
 // Watermark returns the LSN that may be confirmed to PostgreSQL.

@@ -259,3 +259,36 @@ func TestBehind(t *testing.T) {
 		}
 	}
 }
+
+// TestCutShort: only a transaction without its commit, with every record acknowledged and nothing
+// before it waiting, counts as cut short with its rows in Kafka.
+func TestCutShort(t *testing.T) {
+	tr := NewTracker(100)
+	now := time.Now()
+	a := tr.Begin(now, 200)
+	if !tr.CutShort(a) {
+		t.Error("a transaction with no rows yet and nothing before it: want cut short")
+	}
+	tr.Add(a)
+	if tr.CutShort(a) {
+		t.Error("a record unacknowledged: want not cut short")
+	}
+	tr.Ack(a)
+	if !tr.CutShort(a) {
+		t.Error("its record acknowledged: want cut short")
+	}
+	tr.Add(a)
+	tr.Commit(a, 250)
+	b := tr.Begin(now, 300)
+	if tr.CutShort(b) {
+		t.Error("the transaction before still waits for a record: want not cut short")
+	}
+	tr.Ack(a)
+	if !tr.CutShort(b) {
+		t.Error("everything before folded into the watermark: want cut short")
+	}
+	tr.Commit(b, 350)
+	if tr.CutShort(b) {
+		t.Error("its commit arrived: want not cut short")
+	}
+}

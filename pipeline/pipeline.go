@@ -1185,16 +1185,16 @@ func (s *skipper) skips(tx *checkpoint.Tx) bool {
 
 // carry is what the next session may skip: the transactions below this session's watermark or below
 // what it was told to skip itself (a session cut before it got that far must not forget it), and the
-// leading rows of the transaction it ended in the middle of if Kafka holds them all (an
-// unacknowledged one may be lost: then they all go again) — or the earlier such transaction if this
-// session did not get to it.
+// leading rows of the transaction it ended in the middle of if Kafka holds them and everything before
+// them (an unacknowledged one may be lost: then they all go again, in order) — or the earlier such
+// transaction if this session did not get to it.
 func (s *skipper) carry(tracker *checkpoint.Tracker, srv replication.Server) ackedPosition {
 	a := ackedPosition{lsn: max(tracker.Watermark(), s.below), system: srv.SystemID, database: srv.Database, timeline: srv.Timeline, timelineStart: srv.TimelineStart()}
 	if !checkpoint.AlreadyDelivered(s.partial, a.lsn) {
 		a.partial, a.partialRows = s.partial, s.partialRows
 	}
 	if tx, rows := s.open(); tx != nil && tx.CommitLSN() != 0 && !checkpoint.AlreadyDelivered(tx.CommitLSN(), a.lsn) {
-		if committed, unacked := tracker.Received(tx); !committed && unacked == 0 {
+		if tracker.CutShort(tx) {
 			if tx.CommitLSN() == a.partial {
 				rows = max(rows, a.partialRows)
 			}

@@ -167,4 +167,21 @@ func TestHalfReceivedTransactionIsNotSentAgain(t *testing.T) {
 	if a := s3.carry(tr3, srv); a.lsn != 4000 || a.partial != 5600 || a.partialRows != 5 {
 		t.Errorf("cut inside a transaction of acknowledged rows: carried %+v; want 5 rows of 5600", a)
 	}
+	// The same with a record of an earlier transaction unacknowledged: the replay sends that one
+	// again, and everything after it, in order.
+	tr4 := checkpoint.NewTracker(4000)
+	s4 := &skipper{rows: &skipped}
+	stuck := tr4.Begin(now, 5500)
+	s4.skips(stuck)
+	tr4.Add(stuck)
+	s4.handed()
+	tr4.Commit(stuck, 5550)
+	cutShort := tr4.Begin(now, 5600)
+	s4.skips(cutShort)
+	tr4.Add(cutShort)
+	s4.handed()
+	tr4.Ack(cutShort)
+	if a := s4.carry(tr4, srv); a.partial != 0 || a.partialRows != 0 {
+		t.Errorf("cut with an earlier transaction unacknowledged: carried %+v; want no rows of 5600", a)
+	}
 }
