@@ -577,7 +577,10 @@ func (s *Stream) deliver(ctx context.Context, h Handler, row *Row) error {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
-		if err := s.maybeSendStatus(false); err != nil {
+		// The stream reads nothing while it waits, so the server's keepalive requests go unanswered:
+		// a status update every wait (a second) keeps a walsender with a wal_sender_timeout shorter
+		// than StatusInterval from ending the connection while Kafka is slow.
+		if err := s.maybeSendStatus(time.Since(s.lastSent) >= s.receiveWait()); err != nil {
 			return err
 		}
 	}
