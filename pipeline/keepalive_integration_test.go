@@ -74,7 +74,9 @@ func TestStreamAnswersTheServerWhileTheRouterWaits(t *testing.T) {
 	h := &holdingHandler{release: time.Now().Add(8 * time.Second)}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- stream.Run(runCtx, checkpoint.NewTracker(checkpoint.LSN(testenv.MustLSN(t, start))), h) }()
+	go func() {
+		done <- stream.Run(runCtx, checkpoint.NewTracker(checkpoint.LSN(testenv.MustLSN(t, start))), h)
+	}()
 	defer func() { stop(); <-done }() // before the stream is closed
 	gen := testenv.NewGenerator(1, "Reserved")
 	if err := testenv.InsertTx(ctx, f.DB, f.Table, []testenv.Event{gen.Event(0)}, false); err != nil {
