@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,6 +103,10 @@ type Stream struct {
 	// heard is when the server was last heard from, or when the stream last went back to listening
 	// after a wait for in-flight room (it reads nothing meanwhile, so silence then proves nothing).
 	heard time.Time
+	// blockedSince is when the wait for Kafka the stream is in began (UnixNano; zero outside one), and
+	// blockMu is held while answerWhileBlocked sends a status update for it (see block).
+	blockedSince atomic.Int64
+	blockMu      sync.Mutex
 }
 
 // Options configure a Stream.
@@ -229,10 +234,21 @@ func (s *Stream) Run(ctx context.Context, tr *checkpoint.Tracker, h Handler) err
 		}
 	}()
 	batcher, _ := h.(Batcher)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.answerWhileBlocked(stop)
+	}()
+	defer func() { close(stop); wg.Wait() }() // before the stream may be closed
 	for {
 		if batcher != nil && s.current == nil {
 			if due := batcher.FlushDue(); !due.IsZero() && !time.Now().Before(due) {
-				if err := batcher.Flush(ctx); err != nil {
+				s.block()
+				err := batcher.Flush(ctx)
+				s.unblock()
+				if err != nil {
 					return err
 				}
 			}
@@ -444,6 +460,8 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		s.current = nil
 		s.counters.Transactions.Add(1)
 		if b, ok := h.(Batcher); ok {
+			s.block()
+			defer s.unblock()
 			return b.Committed(ctx, tx, LSN(m.TransactionEndLSN))
 		}
 	default:
@@ -563,12 +581,28 @@ func (s *Stream) countIgnored(id uint32, outboxCounter *atomic.Int64) {
 // deliver hands the row to h, answering the server while h waits for capacity. While it waits the
 // stream reads no WAL: PostgreSQL holds the backlog, and memory stays bounded.
 func (s *Stream) deliver(ctx context.Context, h Handler, row *Row) error {
-	for waited := false; ; waited = true {
+	err := h.Deliver(s.waitContext(ctx), s.current, row)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// The router waits for room (Kafka slow or away, up to kafka.ack_timeout). The stream reads
+	// nothing meanwhile, so the server's keepalive requests go unanswered: answerWhileBlocked
+	// answers for it, so that a walsender whose wal_sender_timeout is shorter than the wait does not
+	// end the connection.
+	s.block()
+	defer func() {
+		s.unblock()
+		s.heard = time.Now() // the stream read nothing while it waited
+	}()
+	for {
 		err := h.Deliver(s.waitContext(ctx), s.current, row)
 		if err == nil {
-			if waited {
-				s.heard = time.Now() // the stream read nothing while it waited
-			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -577,12 +611,47 @@ func (s *Stream) deliver(ctx context.Context, h Handler, row *Row) error {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
-		// The stream reads nothing while it waits, so the server's keepalive requests go unanswered:
-		// a status update every wait (a second) keeps a walsender with a wal_sender_timeout shorter
-		// than StatusInterval from ending the connection while Kafka is slow.
-		if err := s.maybeSendStatus(time.Since(s.lastSent) >= s.receiveWait()); err != nil {
-			return err
+	}
+}
+
+// block and unblock enclose a call that may wait for Kafka: a wait for in-flight room, or a Batcher's
+// call (a commit waits for the one before it), each up to kafka.ack_timeout. The stream reads nothing meanwhile, so the server's keepalive
+// requests go unanswered: answerWhileBlocked sends status updates for it, so that a walsender whose
+// wal_sender_timeout is shorter than the wait does not end the connection. The stream's fields are
+// the other goroutine's only between the two; blockMu hands them back.
+func (s *Stream) block() { s.blockedSince.Store(time.Now().UnixNano()) }
+
+// unblock ends what block began; see block.
+func (s *Stream) unblock() {
+	s.blockedSince.Store(0)
+	s.blockMu.Lock() // an update being sent for the call finishes first
+	s.blockMu.Unlock()
+}
+
+// answerWhileBlocked sends a status update whenever none went out for half a receiveWait while a
+// call under block runs, until stop is closed: the server hears from the stream at least every
+// receiveWait. A failed write closes the connection (write), which the stream then finds.
+func (s *Stream) answerWhileBlocked(stop <-chan struct{}) {
+	every := s.receiveWait() / 2
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
 		}
+		since := s.blockedSince.Load()
+		if since == 0 {
+			continue
+		}
+		s.blockMu.Lock()
+		if s.blockedSince.Load() == since && time.Since(s.lastSent) >= every {
+			if err := s.maybeSendStatus(true); err != nil {
+				s.log.Debug("status update while waiting for Kafka failed", "error", err.Error())
+			}
+		}
+		s.blockMu.Unlock()
 	}
 }
 
