@@ -190,3 +190,81 @@ func TestValuesUnderAnySessionSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestBytesOfAnSQLASCIIDatabasePassThrough: an SQL_ASCII database stores any bytes in text. The
+// server, converting them to a UTF8 connection, refused a row whose bytes are not UTF-8: the walsender
+// ended the stream at that row on every replay, and one row stopped the outbox for good. Now the
+// bytes pass through as stored — key, value and header — by the stream and by resync, and a topic
+// name they make invalid is dead-lettered with its reason, the rows around it delivered.
+func TestBytesOfAnSQLASCIIDatabasePassThrough(t *testing.T) {
+	f := testenv.NewDatabaseFixtureWith(t, "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+	ctx := context.Background()
+	cfg := testConfig(f)
+	cfg.Routing.DLQTopic = f.TopicPrefix + ".dlq"
+	type row struct{ id, eventType, aggID, payload, headers string }
+	stored := row{testenv.NewUUID(), "Stored", "agg-\xff", "{\"name\": \"Ren\xe9e\"}", "{\"x-note\": \"caf\xe9\"}"}
+	badTopic := row{testenv.NewUUID(), "Stor\xe9d", "agg-2", `{"n": 2}`, `{}`}
+	plain := row{testenv.NewUUID(), "Stored", "agg-3", `{"n": 3}`, `{}`}
+	insert := func(r row) {
+		t.Helper()
+		// convert_from(..., 'SQL_ASCII') takes the bytes as they are, whatever the client's encoding.
+		if _, err := f.DB.Exec(ctx, `INSERT INTO `+f.Table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
+			VALUES ($1, convert_from($2, 'SQL_ASCII'), 'order', convert_from($3, 'SQL_ASCII'), 1, convert_from($4, 'SQL_ASCII')::jsonb, convert_from($5, 'SQL_ASCII')::jsonb)`,
+			r.id, []byte(r.eventType), []byte(r.aggID), []byte(r.payload), []byte(r.headers)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string, recs []*kgo.Record, want int) {
+		t.Helper()
+		found := 0
+		for _, r := range recs {
+			if testenv.Header(r, "event_id") != stored.id {
+				continue
+			}
+			found++
+			if string(r.Key) != stored.aggID || string(r.Value) != stored.payload || testenv.Header(r, "x-note") != "caf\xe9" {
+				t.Errorf("%s: the row came as key %q, value %q, x-note %q; want the bytes as stored: %q, %q, %q",
+					what, r.Key, r.Value, testenv.Header(r, "x-note"), stored.aggID, stored.payload, "caf\xe9")
+			}
+		}
+		if found != want {
+			t.Errorf("%s: the row with bytes that are not UTF-8 arrived %d times, want %d", what, found, want)
+		}
+	}
+
+	run := startPipeline(t, cfg)
+	for _, r := range []row{stored, badTopic, plain} {
+		insert(r)
+	}
+	topics := testenv.TopicsOf(f, "Stored")
+	got := testenv.ConsumeDistinct(t, f.Brokers, topics, 2, time.Minute, testenv.ConsumerOpts()...)
+	check("stream", got, 1)
+	dlq := testenv.Consume(t, f.Brokers, []string{cfg.Routing.DLQTopic}, 1, time.Minute, testenv.ConsumerOpts()...)
+	if len(dlq) == 0 {
+		t.Fatal("nothing dead-lettered: want the row whose event_type makes an invalid topic name")
+	}
+	if testenv.Header(dlq[0], "event_id") != badTopic.id || !strings.Contains(testenv.Header(dlq[0], "outbox.dlq.reason"), "not a valid Kafka topic name") {
+		t.Errorf("dead-letter record %s with reason %q; want %s for its invalid topic name", testenv.Header(dlq[0], "event_id"), testenv.Header(dlq[0], "outbox.dlq.reason"), badTopic.id)
+	}
+	if h := run.p.Health(); h.Restarts != 0 {
+		t.Errorf("%d sessions rebuilt: want none (the stream must pass the bytes, not fail on them)", h.Restarts)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// resync reads the same rows from the table.
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Resync(ctx, ResyncOptions{Yes: true, SnapshotOnly: true})
+	if err != nil {
+		t.Fatalf("resync: %v", err)
+	}
+	if res.Rows != 3 {
+		t.Errorf("resync published %d rows, want 3", res.Rows)
+	}
+	all := testenv.Consume(t, f.Brokers, topics, 4, time.Minute, testenv.ConsumerOpts()...)
+	check("stream, then resync", all, 2)
+}

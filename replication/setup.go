@@ -33,7 +33,27 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
+	if err := keepStoredBytes(ctx, conn); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
 	return conn, nil
+}
+
+// keepStoredBytes makes conn take text as the database stores it when the database's encoding is
+// SQL_ASCII. Such a database accepts any byte in text, and the server, converting it to the
+// connection's UTF8, refused a row with bytes that are not UTF-8: the walsender ended the stream at
+// that row, every time it was replayed — one row stopped the outbox for good. The bytes then pass
+// through as they are (Kafka keys, values and headers are bytes); a topic name they make invalid is
+// dead-lettered as any invalid topic is.
+func keepStoredBytes(ctx context.Context, conn *pgconn.PgConn) error {
+	if conn.ParameterStatus("server_encoding") != "SQL_ASCII" {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "SET client_encoding TO 'SQL_ASCII'").ReadAll(); err != nil {
+		return fmt.Errorf("take the SQL_ASCII database's text as stored (client_encoding): %w", err)
+	}
+	return nil
 }
 
 // SplitTable splits "schema.table" (or "table", schema public) into its parts.

@@ -92,6 +92,10 @@ func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
+	if err := keepStoredBytes(ctx, conn.PgConn()); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
 	stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"}
 	if name != "" {
 		stmts = append(stmts, "SET TRANSACTION SNAPSHOT '"+name+"'")

@@ -233,10 +233,18 @@ func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, er
 	out := make([]kgo.RecordHeader, 0, len(keys))
 	for _, k := range keys {
 		v := obj[k]
-		var s string
-		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
-			out = append(out, kgo.RecordHeader{Key: k, Value: []byte(s)})
-			continue
+		if len(v) >= 2 && v[0] == '"' {
+			// Without escapes, the bytes between the quotes are the value, as stored: an SQL_ASCII
+			// database's bytes that are not UTF-8 stay what they are (decoding would replace them).
+			if inner := v[1 : len(v)-1]; bytes.IndexByte(inner, '\\') < 0 {
+				out = append(out, kgo.RecordHeader{Key: k, Value: inner})
+				continue
+			}
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				out = append(out, kgo.RecordHeader{Key: k, Value: []byte(s)})
+				continue
+			}
 		}
 		if string(v) == "null" {
 			continue // no value, no header: a header without a value breaks some consumers' SDKs

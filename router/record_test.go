@@ -270,3 +270,27 @@ func TestCloudEventsForbiddenCharacters(t *testing.T) {
 		t.Errorf("non-ASCII letters refused: %v", err)
 	}
 }
+
+// TestJSONHeadersKeepStoredBytes: a headers object's string values become header values: escapes
+// decoded, and bytes that are not UTF-8 (an SQL_ASCII database stores any) kept as they are rather
+// than replaced; other values as their JSON text; null ones left out.
+func TestJSONHeadersKeepStoredBytes(t *testing.T) {
+	raw := []byte("{\"plain\": \"abc\", \"escaped\": \"a\\\"b\\u00e9\\n\", \"stored\": \"caf\xe9\", \"n\": 42, \"obj\": {\"a\": 1}, \"gone\": null, \"empty\": \"\"}")
+	hs, err := jsonHeaders(raw, func(string) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, h := range hs {
+		got[h.Key] = string(h.Value)
+	}
+	want := map[string]string{"plain": "abc", "escaped": "a\"b\u00e9\n", "stored": "caf\xe9", "n": "42", "obj": `{"a": 1}`, "empty": ""}
+	if len(got) != len(want) {
+		t.Errorf("headers %q, want %q", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+}

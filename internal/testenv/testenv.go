@@ -187,6 +187,13 @@ func NewFixture(t testing.TB) *Fixture {
 // (BlockDatabase) without touching the others.
 func NewDatabaseFixture(t testing.TB) *Fixture {
 	t.Helper()
+	return NewDatabaseFixtureWith(t, "")
+}
+
+// NewDatabaseFixtureWith is NewDatabaseFixture with options for CREATE DATABASE, a constant of the
+// test's (e.g. "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").
+func NewDatabaseFixtureWith(t testing.TB, options string) *Fixture {
+	t.Helper()
 	adminURL := AdminURL(t)
 	routerURL := PostgresURL(t)
 	name := fmt.Sprintf("db_%s_%04x", sanitize(t.Name()), rand.IntN(0xffff))
@@ -202,7 +209,7 @@ func NewDatabaseFixture(t testing.TB) *Fixture {
 		t.Fatal(err)
 	}
 	owner := pgx.Identifier{ru.User.Username()}.Sanitize()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" OWNER "+owner); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" OWNER "+owner+" "+options); err != nil {
 		t.Fatalf("create database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
