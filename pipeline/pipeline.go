@@ -655,7 +655,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 	opts := replication.SetupOptions{
 		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
 		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
-		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv,
+		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv, ApplicationName: conn.ParameterStatus("application_name"),
 	}
 	res, err := cat.Setup(ctx, opts)
 	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {

@@ -113,6 +113,9 @@ type SetupOptions struct {
 	// missing now, it was dropped under the router, and Setup refuses to create it (see
 	// MissingPublicationError), as it does whenever the slot exists.
 	PublicationSeen bool
+	// ApplicationName is the application_name of the replication connection that will stream (its
+	// ParameterStatus): Setup warns when synchronous_standby_names names it. Empty: not checked.
+	ApplicationName string
 }
 
 // SetupResult says what Setup found and did.
@@ -188,6 +191,11 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 	}
 	res.CreatedPublication = created
 	res.Warnings = append(res.Warnings, warnings...)
+	if w, err := c.synchronousWarning(ctx, o.ApplicationName); err != nil {
+		return res, err
+	} else if w != "" {
+		res.Warnings = append(res.Warnings, w)
+	}
 	if res.Verified, err = c.VerifyOutbox(ctx, o.Outbox, o.Tables...); err != nil {
 		return res, err
 	}
