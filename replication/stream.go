@@ -581,36 +581,27 @@ func (s *Stream) countIgnored(id uint32, outboxCounter *atomic.Int64) {
 // deliver hands the row to h, answering the server while h waits for capacity. While it waits the
 // stream reads no WAL: PostgreSQL holds the backlog, and memory stays bounded.
 func (s *Stream) deliver(ctx context.Context, h Handler, row *Row) error {
-	err := h.Deliver(s.waitContext(ctx), s.current, row)
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	// The router waits for room (Kafka slow or away, up to kafka.ack_timeout). The stream reads
-	// nothing meanwhile, so the server's keepalive requests go unanswered: answerWhileBlocked
-	// answers for it, so that a walsender whose wal_sender_timeout is shorter than the wait does not
-	// end the connection.
-	s.block()
-	defer func() {
-		s.unblock()
-		s.heard = time.Now() // the stream read nothing while it waited
-	}()
-	for {
+	for waited := false; ; waited = true {
 		err := h.Deliver(s.waitContext(ctx), s.current, row)
-		if err == nil {
-			return nil
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// The router waits for room (Kafka slow or away, up to kafka.ack_timeout). The stream
+			// reads nothing meanwhile, so the server's keepalive requests go unanswered:
+			// answerWhileBlocked answers for it, so that a walsender whose wal_sender_timeout is
+			// shorter than the wait does not end the connection.
+			if !waited {
+				s.block()
+			}
+			continue
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if waited {
+			s.unblock()
+			s.heard = time.Now() // the stream read nothing while it waited
 		}
-		if !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
+		return err
 	}
 }
 
