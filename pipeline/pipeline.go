@@ -274,6 +274,59 @@ type carried struct {
 	// mode), and on which server: the next session skips whole transactions below it instead of
 	// sending them again.
 	acked ackedPosition
+	// lingering is the last session's router when that session let go of PostgreSQL because Kafka
+	// acknowledged nothing for kafka.ack_timeout (at-least-once): see settleLingering.
+	lingering *lingering
+}
+
+// lingering is a router, with what its session knew, kept after the session ended.
+type lingering struct {
+	rt      *router.Router
+	tracker *checkpoint.Tracker
+	skip    *skipper
+	srv     replication.Server
+	since   time.Time
+}
+
+// lingerFor bounds, in kafka.ack_timeouts, how long a lingering router is waited for while Kafka does
+// not acknowledge its records; then it is closed and its records are replayed (sent again).
+const lingerFor = 10
+
+// settleLingering waits, up to kafka.ack_timeout, for the records the last session left with its
+// router to be acknowledged, then closes that router and carries what it delivered. The session let
+// go of PostgreSQL because Kafka stopped acknowledging (a broker restarting, say); its records stayed
+// with the producer, which sends them again with the same producer id and sequence numbers once the
+// broker answers, so that the broker drops the ones it had written but whose acknowledgement was lost.
+// Closing the router at once failed them instead, and the replay sent them again as new records:
+// duplicates. While they are not acknowledged, the next session does not start (it could not
+// deliver either); after lingerFor ack timeouts, or when the router fails, the router is closed and its
+// unacknowledged records are replayed.
+func (p *Pipeline) settleLingering(ctx context.Context, c *carried) error {
+	l := c.lingering
+	if l == nil {
+		return nil
+	}
+	wait := max(p.cfg.Kafka.AckTimeout, time.Second)
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	err := l.rt.Flush(fctx)
+	cancel()
+	if err != nil && l.rt.Err() == nil && ctx.Err() == nil && time.Since(l.since) < lingerFor*wait {
+		return &kafkaError{fmt.Errorf("%w: Kafka has not acknowledged the %d records the last session left with the producer yet; they are re-sent as they were once it answers",
+			errReleased, l.tracker.Stats().PendingRecords)}
+	}
+	if err == nil {
+		// Promises run after the flush; give them a moment to land in the tracker.
+		for i := 0; i < 200 && l.tracker.Stats().PendingRecords > 0 && l.rt.Err() == nil; i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	l.rt.Close()
+	c.lingering = nil
+	before := c.acked.lsn
+	c.acked = l.skip.carry(l.tracker, l.srv)
+	p.log.Info("the records the last session left with the Kafka producer are settled", "acknowledged_up_to_lsn", c.acked.lsn.String(),
+		"previously_lsn", before.String(), "unacknowledged_records", l.tracker.Stats().PendingRecords)
+	return nil
 }
 
 // ackedPosition is a watermark of acknowledged transactions on one server's timeline.
@@ -349,6 +402,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bo.RandomizationFactor = 0.5
 	c := carried{poke: make(chan struct{}, 1)}
 	defer p.state.Store(int32(StateStopped))
+	defer func() {
+		if c.lingering != nil {
+			c.lingering.rt.Close()
+		}
+	}()
 	monitorCtx, stopMonitor := context.WithCancel(ctx)
 	defer stopMonitor()
 	go p.pollSlot(monitorCtx, c.poke)
@@ -397,12 +455,20 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	if err := p.identify(ctx); err != nil {
 		return err
 	}
+	if err := p.settleLingering(ctx, c); err != nil {
+		return err
+	}
 	// Kafka first: a session that cannot deliver would only hold the slot and replay.
 	rt, err := p.newRouter(ctx, func(o *router.Options) { o.DeferNewTopics = true })
 	if err != nil {
 		return err
 	}
-	defer rt.Close()
+	kept := false // the router lingers past the session (settleLingering)
+	defer func() {
+		if !kept {
+			rt.Close()
+		}
+	}()
 
 	s, err := p.setup(ctx, c)
 	if err != nil {
@@ -587,6 +653,11 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// finds the outbox unchanged since the last verification (setup: Continues), in which case the
 		// walsender sends them again with the same rows.
 		c.acked = base.skip.carry(tracker, srv)
+		var ke *kafkaError
+		if errors.As(runErr, &ke) && errors.Is(runErr, errReleased) && rt.Err() == nil && tracker.Stats().PendingRecords > 0 {
+			kept = true
+			c.lingering = &lingering{rt: rt, tracker: tracker, skip: base.skip, srv: srv, since: time.Now()}
+		}
 		if base.skip.txs > 0 || base.skip.n > 0 {
 			p.log.Info("skipped transactions Kafka had acknowledged before the last failure (not sent again)", "transactions", base.skip.txs, "rows", base.skip.n)
 		}

@@ -28,6 +28,7 @@ type proxied struct {
 	client, server net.Conn
 	mu             sync.Mutex
 	holed          bool
+	muted          bool // the server's bytes are dropped; the client's pass
 }
 
 // Start starts a proxy on a free loopback port to target (host:port); Close stops it.
@@ -95,7 +96,7 @@ func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			pc.mu.Lock()
-			holed := pc.holed
+			holed := pc.holed || (pc.muted && src == pc.server)
 			pc.mu.Unlock()
 			if !holed {
 				if _, werr := write(buf[:n]); werr != nil {
@@ -119,12 +120,21 @@ func (p *Proxy) pipe(pc *proxied, src, dst net.Conn) {
 
 // BlackHole silences every connection open now: from here on nothing passes in either direction, and
 // neither side is told. It returns how many connections it silenced.
-func (p *Proxy) BlackHole() int {
+func (p *Proxy) BlackHole() int { return p.each(func(pc *proxied) { pc.holed = true }) }
+
+// MuteReplies silences the server's side of every connection open now: what the client sends still
+// reaches the server, which acts on it, but its answers are dropped and nobody is told — a request
+// carried out whose response was lost. New connections pass both ways. It returns how many
+// connections it muted.
+func (p *Proxy) MuteReplies() int { return p.each(func(pc *proxied) { pc.muted = true }) }
+
+// each runs mark on every connection open now, under its lock, and returns how many there were.
+func (p *Proxy) each(mark func(*proxied)) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for pc := range p.conns {
 		pc.mu.Lock()
-		pc.holed = true
+		mark(pc)
 		pc.mu.Unlock()
 	}
 	return len(p.conns)

@@ -487,6 +487,19 @@ func SASLBrokers(t testing.TB) []string {
 	return strings.Split(v, ",")
 }
 
+// RemoteListener returns the local broker's "remote" listener and the address it advertises, where
+// nothing listens until a test starts a proxy there (faultnet): every connection of a client that
+// bootstraps from advertised then passes the proxy. Only one test at a time may hold the port.
+func RemoteListener(t testing.TB) (listener, advertised string) {
+	t.Helper()
+	Brokers(t)
+	listener, advertised = lookup(t, "OUTBOX_CDC_TEST_REMOTE_LISTENER"), lookup(t, "OUTBOX_CDC_TEST_REMOTE_BROKERS")
+	if listener == "" || advertised == "" {
+		t.Fatalf("OUTBOX_CDC_TEST_REMOTE_LISTENER/_BROKERS are not set and .dev/env lacks them: %s", startHint)
+	}
+	return listener, advertised
+}
+
 // TLSBrokers returns the local broker's TLS listener and the PEM file of the CA that signed it.
 func TLSBrokers(t testing.TB) (brokers []string, caFile string) {
 	t.Helper()
