@@ -315,10 +315,9 @@ func (p *Pipeline) settleLingering(ctx context.Context, c *carried) error {
 			errReleased, l.tracker.Stats().PendingRecords)}
 	}
 	if err == nil {
-		// Promises run after the flush; give them a moment to land in the tracker.
-		for i := 0; i < 200 && l.tracker.Stats().PendingRecords > 0 && l.rt.Err() == nil; i++ {
-			time.Sleep(5 * time.Millisecond)
-		}
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		awaitPromises(lctx, l.rt, l.tracker)
+		cancel()
 	}
 	l.rt.Close()
 	c.lingering = nil
@@ -1067,9 +1066,20 @@ func (p *Pipeline) drain(rt *router.Router, tr *checkpoint.Tracker) {
 		p.log.Warn("shutdown: not every in-flight record was acknowledged in time", "error", err.Error(), "timeout", p.cfg.ShutdownTimeout.String())
 		return
 	}
-	// Promises run after the flush; give them a moment to land in the tracker.
-	for tr.Stats().PendingRecords > 0 && ctx.Err() == nil && rt.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
+	awaitPromises(ctx, rt, tr)
+}
+
+// awaitPromises waits, after a successful Flush of rt, until the records' promises have landed in tr
+// (they run after the flush returns), rt fails or ctx ends.
+func awaitPromises(ctx context.Context, rt *router.Router, tr *checkpoint.Tracker) {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for tr.Stats().PendingRecords > 0 && rt.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
