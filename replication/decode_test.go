@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -237,6 +238,45 @@ func TestRelationMessageMissingARequiredColumnStops(t *testing.T) {
 				t.Fatalf("other table: %v", err)
 			}
 		})
+	}
+}
+
+// TestMissingOptionalColumnIsWarnedOncePerChange: PostgreSQL sends an outbox's Relation message again
+// after any invalidation of the table's cache entry (an autoanalyze among them); the warning about a
+// missing optional column comes once, again only after the column came back and went again, and it
+// names the transaction's position (a Relation message carries none).
+func TestMissingOptionalColumnIsWarnedOncePerChange(t *testing.T) {
+	st := newTestStream()
+	st.opts.Columns = []ColumnRole{
+		{Column: "event_id", Key: "postgres.columns.event_id", Required: true},
+		{Column: "headers", Key: "postgres.columns.headers"},
+	}
+	var logged bytes.Buffer
+	st.log = slog.New(slog.NewJSONHandler(&logged, nil))
+	without := relationMsg(1, "public", "outbox", col{"event_id", pgtype.TextOID})
+	with := relationMsg(1, "public", "outbox", col{"event_id", pgtype.TextOID}, col{"headers", pgtype.JSONBOID})
+	h := &recordingHandler{}
+	rel := func(m []byte, final uint64) {
+		t.Helper()
+		for _, m := range [][]byte{beginMsg(final), m, commitMsg(final, final+8)} {
+			if err := st.handleWAL(context.Background(), h, pglogrepl.XLogData{WALData: m}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rel(without, 0x1000)
+	rel(without, 0x2000)
+	rel(without, 0x3000)
+	if n := strings.Count(logged.String(), "optional column is gone"); n != 1 {
+		t.Fatalf("%d warnings for one missing column sent three times, want 1:\n%s", n, logged.String())
+	}
+	if !strings.Contains(logged.String(), `"lsn":"0/1000"`) {
+		t.Fatalf("the warning does not name the transaction's position 0/1000:\n%s", logged.String())
+	}
+	rel(with, 0x4000)
+	rel(without, 0x5000)
+	if n := strings.Count(logged.String(), "optional column is gone"); n != 2 {
+		t.Fatalf("%d warnings after the column came back and went again, want 2:\n%s", n, logged.String())
 	}
 }
 

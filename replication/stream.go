@@ -83,6 +83,10 @@ type Stream struct {
 	rels     map[uint32]*relation
 	used     map[string]bool   // the columns the router reads (Options.Columns)
 	bases    map[uint32]uint32 // BaseType's answers
+	// gone holds the optional columns the stream reported missing (by table index and column), so
+	// that a Relation message sent again with the same columns (PostgreSQL resends it after any
+	// invalidation of the table's cache entry, an autoanalyze among them) does not repeat the warning.
+	gone map[goneColumn]bool
 	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
 	space    slab              // the rows' values, columns and Rows: carved from blocks, not allocated per row
 	counters *Counters
@@ -207,6 +211,7 @@ func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 		rels:         make(map[uint32]*relation),
 		used:         make(map[string]bool, len(opts.Columns)),
 		bases:        make(map[uint32]uint32),
+		gone:         make(map[goneColumn]bool),
 		counters:     opts.Counters,
 		sentLSN:      opts.StartLSN,
 		lastSent:     now,
@@ -434,7 +439,11 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		}
 		rel.table, rel.outbox = s.tableIndex(m.Namespace, m.RelationName)
 		if rel.outbox {
-			if err := s.checkColumns(rel, LSN(xld.WALStart)); err != nil {
+			at := LSN(xld.WALStart) // zero for a Relation message: the transaction's commit position then
+			if at == 0 && s.current != nil {
+				at = LSN(s.current.CommitLSN())
+			}
+			if err := s.checkColumns(rel, at); err != nil {
 				return err
 			}
 			if err := s.columnTypes(ctx, rel); err != nil {
@@ -524,6 +533,7 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 	table := Outbox{Schema: rel.namespace, Table: rel.name}
 	for _, role := range s.opts.Columns {
 		if slices.ContainsFunc(rel.columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == role.Column }) {
+			delete(s.gone, goneColumn{rel.table, role.Column})
 			continue
 		}
 		if role.Required {
@@ -531,10 +541,19 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 				"Restore the column (or its name), or publish it (ALTER PUBLICATION %s SET TABLE %s), or point %s at its new name; nothing past this position was confirmed",
 				ErrOutboxChanged, at, table, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), table.qualified(), role.Key)
 		}
-		s.log.Warn("the outbox's columns changed: an optional column is gone, records go without it",
-			"table", table.String(), "column", role.Column, "key", role.Key, "lsn", at.String())
+		if g := (goneColumn{rel.table, role.Column}); !s.gone[g] {
+			s.gone[g] = true
+			s.log.Warn("the outbox's columns changed: an optional column is gone, records go without it",
+				"table", table.String(), "column", role.Column, "key", role.Key, "lsn", at.String())
+		}
 	}
 	return nil
+}
+
+// goneColumn is an optional column missing from an outbox table's Relation message.
+type goneColumn struct {
+	table  int
+	column string
 }
 
 // firstUserOID is PostgreSQL's FirstNormalObjectId: types below it are built in.
