@@ -76,19 +76,19 @@ type Counters struct {
 
 // Stream is one replication session on the slot. It is not safe for concurrent use.
 type Stream struct {
-	conn     *pgconn.PgConn
-	opts     Options
-	log      *slog.Logger
-	types    *pgtype.Map
-	rels     map[uint32]*relation
-	used     map[string]bool   // the columns the router reads (Options.Columns)
-	bases    map[uint32]uint32 // BaseType's answers
+	conn  *pgconn.PgConn
+	opts  Options
+	log   *slog.Logger
+	types *pgtype.Map
+	rels  map[uint32]*relation
+	used  map[string]bool   // the columns the router reads (Options.Columns)
+	bases map[uint32]uint32 // BaseType's answers
 	// gone holds the optional columns the stream reported missing (by table index and column), so
 	// that a Relation message sent again with the same columns (PostgreSQL resends it after any
 	// invalidation of the table's cache entry, an autoanalyze among them) does not repeat the warning.
-	gone map[goneColumn]bool
-	tuple    []tupleColumn     // scratch for parseInsert, reused row after row
-	space    slab              // the rows' values, columns and Rows: carved from blocks, not allocated per row
+	gone     map[goneColumn]bool
+	tuple    []tupleColumn // scratch for parseInsert, reused row after row
+	space    slab          // the rows' values, columns and Rows: carved from blocks, not allocated per row
 	counters *Counters
 
 	tracker *checkpoint.Tracker
