@@ -124,7 +124,18 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 		problem = &undeliverable{reason: fmt.Sprintf("column %s (event id, which consumers deduplicate on) is NULL or empty", cols.EventID)}
 	}
 	rec.Headers = append(rec.Headers, connectHeader(DebeziumHeaderID, id))
+	// JsonConverter writes strings; bytes that are not UTF-8 (an SQL_ASCII database stores any)
+	// would come out as U+FFFD, the value changed for good: such a row is dead-lettered instead,
+	// its bytes kept in the dead-letter record.
+	raw := false // the record is to carry the stored bytes (notUTF8)
+	notUTF8 := func(column string, v connectValue) {
+		if problem == nil && d.JSON && !v.null && !v.numeric && !utf8.ValidString(v.text) {
+			raw = true
+			problem = &undeliverable{reason: fmt.Sprintf("column %s holds bytes that are not UTF-8 (the database's encoding is SQL_ASCII): the json converter (kafka.debezium.converter) cannot write them without changing them; the string converter passes them through", column)}
+		}
+	}
 	if key := debeziumValue(row, cols.AggregateID); !key.null {
+		notUTF8(cols.AggregateID, key)
 		// A NULL key stays NULL, as Debezium sends it (the record then has no per-aggregate order).
 		if d.JSON {
 			rec.Key = key.json(nil)
@@ -133,6 +144,7 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 		}
 	}
 	payload := debeziumValue(row, cols.Payload)
+	notUTF8(cols.Payload, payload)
 	var payloadJSON []byte // the payload as JsonConverter writes it
 	if d.JSON {
 		payloadJSON = payload.json(nil)
@@ -149,6 +161,7 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 			rec.Headers = append(rec.Headers, connectHeader(f.Alias, debeziumValue(row, f.Column)))
 		case config.PlacementEnvelope:
 			envelope = true
+			notUTF8(f.Column, debeziumValue(row, f.Column))
 		case config.PlacementPartition:
 			v := debeziumValue(row, f.Column)
 			if v.null {
@@ -178,10 +191,22 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 			}
 		}
 		rec.Value = append(b, '}')
-	case d.JSON:
+	case d.JSON && !raw:
 		rec.Value = payloadJSON
 	case !payload.null:
 		rec.Value = []byte(payload.text)
+	}
+	if raw {
+		// The dead-letter record keeps the stored bytes: key and payload as the string converter
+		// writes them.
+		rec.Key = nil
+		if key := debeziumValue(row, cols.AggregateID); !key.null {
+			rec.Key = []byte(key.text)
+		}
+		rec.Value = nil
+		if !payload.null {
+			rec.Value = []byte(payload.text)
+		}
 	}
 	return rec, problem
 }

@@ -1,7 +1,9 @@
 package router
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -193,5 +195,47 @@ func TestPlacingPartitionerKeepsKafkasHash(t *testing.T) {
 	place(r, 2)
 	if got := tp.Partition(r, 3); got != 2 || !tp.RequiresConsistency(r) {
 		t.Errorf("placed record: partition %d", got)
+	}
+}
+
+// TestJSONConverterDeadLettersBytesThatAreNotUTF8: an SQL_ASCII database stores any bytes; the json
+// converter can only write UTF-8 and would turn the others into U+FFFD for good. Such a row is
+// undeliverable, naming the column, and its dead-letter record keeps the stored bytes; the string
+// converter passes them through, and UTF-8 beyond ASCII is written as it is.
+func TestJSONConverterDeadLettersBytesThatAreNotUTF8(t *testing.T) {
+	cols := config.DebeziumColumns()
+	envelope, err := config.Debezium{AdditionalPlacement: "type:envelope:eventType"}.AdditionalFields()
+	if err != nil {
+		t.Fatal(err)
+	}
+	latin1 := "caf\xe9"
+	for _, tc := range []struct {
+		name    string
+		over    map[string]string
+		format  DebeziumFormat
+		problem string // the column named, "" for none
+		key     string
+		value   string
+	}{
+		{"payload, json", map[string]string{"payload": `{"name": "` + latin1 + `"}`}, DebeziumFormat{JSON: true}, "payload", "42", `{"name": "` + latin1 + `"}`},
+		{"payload, json, expanded", map[string]string{"payload": `{"name": "` + latin1 + `"}`}, DebeziumFormat{JSON: true, ExpandJSONPayload: true}, "payload", "42", `{"name": "` + latin1 + `"}`},
+		{"key, json", map[string]string{"aggregateid": latin1}, DebeziumFormat{JSON: true}, "aggregateid", latin1, `{"total": 9.99}`},
+		{"envelope field, json", map[string]string{"type": latin1}, DebeziumFormat{JSON: true, Fields: envelope}, "type", "42", `{"total": 9.99}`},
+		{"payload, string", map[string]string{"payload": `{"name": "` + latin1 + `"}`}, DebeziumFormat{}, "", "42", `{"name": "` + latin1 + `"}`},
+		{"UTF-8, json", map[string]string{"payload": `{"name": "café"}`}, DebeziumFormat{JSON: true}, "", `"42"`, `"{\"name\": \"café\"}"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := buildRecord(debeziumRow(tc.over), cols, Format{Debezium: &tc.format})
+			var u *undeliverable
+			switch {
+			case tc.problem == "" && err != nil:
+				t.Fatalf("unexpected problem %v", err)
+			case tc.problem != "" && (!errors.As(err, &u) || !strings.Contains(err.Error(), "column "+tc.problem+" holds bytes that are not UTF-8")):
+				t.Fatalf("problem %v, want the row undeliverable naming column %s", err, tc.problem)
+			}
+			if string(rec.Key) != tc.key || string(rec.Value) != tc.value {
+				t.Fatalf("key %q value %q, want %q %q", rec.Key, rec.Value, tc.key, tc.value)
+			}
+		})
 	}
 }
