@@ -225,6 +225,9 @@ func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, er
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
+		if strings.ContainsRune(k, utf8.RuneError) && replacements(raw) == 0 {
+			return nil, fmt.Errorf("a header name, %q as decoded, holds bytes that are not UTF-8 or an unpaired UTF-16 surrogate escape (\\ud800-\\udfff alone), which no header name can carry as written", k)
+		}
 		if !reserved(k) {
 			keys = append(keys, k)
 		}
@@ -242,6 +245,11 @@ func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, er
 			}
 			var s string
 			if json.Unmarshal(v, &s) == nil {
+				// Decoding replaces an unpaired surrogate escape (a json column takes "\ud800") and
+				// bytes that are not UTF-8 with U+FFFD: the value would change for good.
+				if strings.Count(s, string(utf8.RuneError)) > replacements(v) {
+					return nil, fmt.Errorf("header %q holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff alone) or bytes that are not UTF-8 beside escapes: its value cannot be carried as written", k)
+				}
 				out = append(out, kgo.RecordHeader{Key: k, Value: []byte(s)})
 				continue
 			}
@@ -252,6 +260,19 @@ func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, er
 		out = append(out, kgo.RecordHeader{Key: k, Value: append([]byte(nil), v...)})
 	}
 	return out, nil
+}
+
+// replacements counts the U+FFFD characters raw JSON text holds, as UTF-8 or as a \ufffd escape:
+// those a decoded string may hold without anything replaced.
+func replacements(raw []byte) int {
+	n := bytes.Count(raw, []byte(string(utf8.RuneError)))
+	for i := bytes.Index(raw, []byte(`\u`)); i >= 0; i = bytes.Index(raw, []byte(`\u`)) {
+		if len(raw) >= i+6 && strings.EqualFold(string(raw[i+2:i+6]), "fffd") {
+			n++
+		}
+		raw = raw[i+2:]
+	}
+	return n
 }
 
 // Kafka's record batch format (v2): a batch header of 61 bytes, then per record a length, attributes,

@@ -294,3 +294,38 @@ func TestJSONHeadersKeepStoredBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONHeadersNeverChangeAValue: decoding JSON turns an unpaired surrogate escape (a json column,
+// unlike jsonb, takes "\ud800") and bytes that are not UTF-8 beside escapes into U+FFFD; such a
+// headers object is refused (the row is dead-lettered with the reason) rather than its value changed,
+// while U+FFFD written in the object, as itself or escaped, is a value like any other.
+func TestJSONHeadersNeverChangeAValue(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw string
+		want      string // the header a's value; "" for a refusal naming wantErr
+		wantErr   string
+	}{
+		{"lone high surrogate", `{"a": "x\ud800y"}`, "", `header "a"`},
+		{"lone low surrogate", `{"a": "\uDC00"}`, "", `header "a"`},
+		{"reversed pair", `{"a": "\udc00\ud800"}`, "", `header "a"`},
+		{"not UTF-8 beside an escape", "{\"a\": \"caf\xe9\\n\"}", "", `header "a"`},
+		{"name not UTF-8", "{\"caf\xe9\": \"x\"}", "", "header name"},
+		{"name with a lone surrogate", `{"\ud800": "x"}`, "", "header name"},
+		{"a pair", `{"a": "\ud83d\ude00"}`, "\U0001F600", ""},
+		{"U+FFFD escaped", `{"a": "\ufffd\n"}`, "\uFFFD\n", ""},
+		{"U+FFFD as itself", "{\"a\": \"\uFFFD\\n\"}", "\uFFFD\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, err := jsonHeaders([]byte(tc.raw), func(string) bool { return false })
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("headers %q, error %v: want a refusal naming %s", hs, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(hs) != 1 || string(hs[0].Value) != tc.want {
+				t.Fatalf("headers %q, error %v: want a = %q", hs, err, tc.want)
+			}
+		})
+	}
+}
