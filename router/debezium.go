@@ -366,7 +366,7 @@ func jacksonString(b []byte, s string) []byte {
 // in their order, null members and empty arrays left out of objects, integers as integers, other
 // numbers as Java doubles. false (the payload stays a JSON string) where Debezium's expansion fails:
 // not JSON, a top-level array, an array mixing kinds of values or of numbers, an integer beyond
-// 64 bits.
+// 64 bits; and where expanding would change a string (an unpaired surrogate escape).
 func expandJSON(payload string) ([]byte, bool) {
 	if !strings.HasPrefix(payload, "{") && !strings.HasPrefix(payload, "[") {
 		return nil, false
@@ -384,6 +384,11 @@ func expandJSON(payload string) ([]byte, bool) {
 	}
 	var b bytes.Buffer
 	if !writeExpanded(&b, node) {
+		return nil, false
+	}
+	if bytes.Count(b.Bytes(), []byte(string(utf8.RuneError))) > replacements([]byte(payload)) {
+		// Decoding turned an unpaired surrogate escape ("\ud800", which a json column takes) into
+		// U+FFFD: expanded, the payload would change; as the JSON string it is, it does not.
 		return nil, false
 	}
 	return b.Bytes(), true

@@ -64,6 +64,8 @@ func TestExpandJSON(t *testing.T) {
 		{`{"m": [{"a": 1}, {"b": 2}]}`, ``},           // objects of two shapes
 		{`{"n": 123456789012345678901234567890}`, ``}, // beyond 64 bits
 		{`not json`, ``},
+		{`{"a": "x\ud800"}`, ``}, // an unpaired surrogate would become U+FFFD
+		{`{"a": "\ud83d\ude00\ufffd"}`, "{\"a\":\"\\uD83D\\uDE00\uFFFD\"}"}, // a pair, and U+FFFD itself
 		{`"a string"`, ``},
 		{`{"a": `, ``},
 	} {
