@@ -523,7 +523,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Tables: p.tables(), Columns: p.columnRoles(), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
-		BaseType: p.baseType, Logger: p.log, Counters: &p.Replication,
+		BaseType: p.baseType, Missing: res.Missing, Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
 		return err

@@ -133,6 +133,16 @@ type SetupResult struct {
 	// Warnings are things the operator should know that do not stop the router (a missing optional
 	// column, a publication row filter).
 	Warnings []string
+	// Missing are the optional columns the tables lack (warned in Warnings): Options.Missing, so
+	// that the stream does not warn of them again.
+	Missing []MissingColumn
+}
+
+// MissingColumn is an optional column an outbox table lacks: Table is the table's index (0 for the
+// outbox, i+1 for the further table i, as Row.Table counts).
+type MissingColumn struct {
+	Table  int
+	Column string
 }
 
 // Setup checks everything the stream needs and creates the publication and the slot when allowed:
@@ -173,6 +183,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 						ErrNotSetUp, t, role.Column, role.Key, role.Key)
 				}
 				res.Warnings = append(res.Warnings, fmt.Sprintf("outbox table %s has no column %q (%s): records go without it", t, role.Column, role.Key))
+				res.Missing = append(res.Missing, MissingColumn{Table: i, Column: role.Column})
 			}
 		}
 	}

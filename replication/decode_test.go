@@ -278,6 +278,24 @@ func TestMissingOptionalColumnIsWarnedOncePerChange(t *testing.T) {
 	if n := strings.Count(logged.String(), "optional column is gone"); n != 2 {
 		t.Fatalf("%d warnings after the column came back and went again, want 2:\n%s", n, logged.String())
 	}
+
+	// A column set-up already warned of (Options.Missing) is no change at the session's first
+	// Relation message.
+	logged.Reset()
+	opts := st.opts
+	opts.Missing = []MissingColumn{{Table: 0, Column: "headers"}}
+	st = newStream(nil, opts)
+	st.tracker = checkpoint.NewTracker(100)
+	st.log = slog.New(slog.NewJSONHandler(&logged, nil))
+	rel(without, 0x6000)
+	if logged.Len() != 0 {
+		t.Fatalf("warned of a column set-up had warned of:\n%s", logged.String())
+	}
+	rel(with, 0x7000)
+	rel(without, 0x8000)
+	if n := strings.Count(logged.String(), "optional column is gone"); n != 1 {
+		t.Fatalf("%d warnings after the column was added and dropped, want 1:\n%s", n, logged.String())
+	}
 }
 
 // TestConfirmableIsHeldAtTheVerifiedPosition: the position sent to the server is the watermark held

@@ -86,7 +86,7 @@ type Stream struct {
 	// gone holds the optional columns the stream reported missing (by table index and column), so
 	// that a Relation message sent again with the same columns (PostgreSQL resends it after any
 	// invalidation of the table's cache entry, an autoanalyze among them) does not repeat the warning.
-	gone     map[goneColumn]bool
+	gone     map[MissingColumn]bool
 	tuple    []tupleColumn // scratch for parseInsert, reused row after row
 	space    slab          // the rows' values, columns and Rows: carved from blocks, not allocated per row
 	counters *Counters
@@ -145,6 +145,9 @@ type Options struct {
 	// the outbox names one for a column the router reads; an error ends the stream (and the session is
 	// retried). Nil takes every type as itself.
 	BaseType func(ctx context.Context, oid uint32) (uint32, error)
+	// Missing are the optional columns set-up found missing and warned of (SetupResult.Missing): a
+	// Relation message without them is no change to warn of again.
+	Missing []MissingColumn
 	// Logger receives the stream's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the stream runs.
@@ -211,7 +214,7 @@ func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 		rels:         make(map[uint32]*relation),
 		used:         make(map[string]bool, len(opts.Columns)),
 		bases:        make(map[uint32]uint32),
-		gone:         make(map[goneColumn]bool),
+		gone:         make(map[MissingColumn]bool, len(opts.Missing)),
 		counters:     opts.Counters,
 		sentLSN:      opts.StartLSN,
 		lastSent:     now,
@@ -220,6 +223,9 @@ func newStream(conn *pgconn.PgConn, opts Options) *Stream {
 	}
 	for _, c := range opts.Columns {
 		s.used[c.Column] = true
+	}
+	for _, m := range opts.Missing {
+		s.gone[m] = true
 	}
 	s.counters.ConfirmedLSN.Store(uint64(opts.StartLSN))
 	return s
@@ -533,7 +539,7 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 	table := Outbox{Schema: rel.namespace, Table: rel.name}
 	for _, role := range s.opts.Columns {
 		if slices.ContainsFunc(rel.columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == role.Column }) {
-			delete(s.gone, goneColumn{rel.table, role.Column})
+			delete(s.gone, MissingColumn{Table: rel.table, Column: role.Column})
 			continue
 		}
 		if role.Required {
@@ -541,19 +547,13 @@ func (s *Stream) checkColumns(rel *relation, at LSN) error {
 				"Restore the column (or its name), or publish it (ALTER PUBLICATION %s SET TABLE %s), or point %s at its new name; nothing past this position was confirmed",
 				ErrOutboxChanged, at, table, role.Column, role.Key, pgx.Identifier{s.opts.Outbox.Publication}.Sanitize(), table.qualified(), role.Key)
 		}
-		if g := (goneColumn{rel.table, role.Column}); !s.gone[g] {
+		if g := (MissingColumn{Table: rel.table, Column: role.Column}); !s.gone[g] {
 			s.gone[g] = true
 			s.log.Warn("the outbox's columns changed: an optional column is gone, records go without it",
 				"table", table.String(), "column", role.Column, "key", role.Key, "lsn", at.String())
 		}
 	}
 	return nil
-}
-
-// goneColumn is an optional column missing from an outbox table's Relation message.
-type goneColumn struct {
-	table  int
-	column string
 }
 
 // firstUserOID is PostgreSQL's FirstNormalObjectId: types below it are built in.
