@@ -248,6 +248,6 @@ func (c *Catalog) CreateSlot(ctx context.Context, slot string, failover bool) (c
 	case isPrivilegeError(err):
 		return false, fmt.Errorf("%w: create replication slot %q: %w", ErrNotSetUp, slot, err)
 	default:
-		return false, fmt.Errorf("create replication slot %q: %w", slot, err)
+		return false, fmt.Errorf("create replication slot %q: %w", slot, withLimitHint(err))
 	}
 }

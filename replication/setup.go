@@ -27,7 +27,7 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL for replication: %w", err)
+		return nil, fmt.Errorf("connect to PostgreSQL for replication: %w", withLimitHint(err))
 	}
 	if err := turnOffNewerTimers(ctx, conn); err != nil {
 		_ = conn.Close(context.Background())
@@ -38,6 +38,25 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 		return nil, err
 	}
 	return conn, nil
+}
+
+// withLimitHint adds the fix to a server limit's error, by its SQLSTATE (the message may be in the
+// server's language): all replication slots in use (53400, when a slot is created) or too many
+// connections (53300, when the replication connection opens: max_wal_senders, or a role's or
+// database's CONNECTION LIMIT). The error stays transient: a slot or a connection freed elsewhere
+// lets the next attempt through.
+func withLimitHint(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "53400":
+		return fmt.Errorf("%w (the server's limit: raise max_replication_slots, which takes a restart, or drop a slot nothing streams from: SELECT slot_name, active, wal_status FROM pg_replication_slots)", err)
+	case "53300":
+		return fmt.Errorf("%w (a connection limit: raise max_wal_senders, which takes a restart, or the role's or database's CONNECTION LIMIT, or stop a replication client that is not needed: SELECT application_name, client_addr FROM pg_stat_replication)", err)
+	}
+	return err
 }
 
 // keepStoredBytes makes conn take text as the database stores it when the database's encoding is
@@ -86,7 +105,7 @@ func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot strin
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, pgx.Identifier{slot}.Sanitize(), "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
-		return 0, "", fmt.Errorf("create replication slot %q with a snapshot: %w", slot, err)
+		return 0, "", fmt.Errorf("create replication slot %q with a snapshot: %w", slot, withLimitHint(err))
 	}
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
