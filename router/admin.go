@@ -67,8 +67,27 @@ func (a *Admin) CreateTopics(ctx context.Context, names ...string) (created []st
 			created = append(created, t)
 		case errors.Is(r.Err, kerr.TopicAlreadyExists):
 		default:
-			return created, fmt.Errorf("create topic %s: %w", t, r.Err)
+			return created, fmt.Errorf("create topic %s: %w", t, CreateTopicHint(r.Err, a.k))
 		}
 	}
 	return slices.Clip(created), nil
+}
+
+// CreateTopicHint adds to Kafka's refusal to create a topic the setting that made it, or what to do
+// instead: the replication factor above the brokers available, a partition count or topic setting
+// the broker refuses, a creation policy, or a principal that may not create topics.
+func CreateTopicHint(err error, k config.Kafka) error {
+	switch {
+	case errors.Is(err, kerr.InvalidReplicationFactor):
+		return fmt.Errorf("%w (kafka.topic_replication_factor is %d: at most the brokers available; lower it, or create the topic yourself)", err, k.TopicReplicationFactor)
+	case errors.Is(err, kerr.InvalidPartitions):
+		return fmt.Errorf("%w (kafka.topic_partitions is %d)", err, k.TopicPartitions)
+	case errors.Is(err, kerr.InvalidConfig):
+		return fmt.Errorf("%w (the broker refused a topic setting: kafka.topic_config, kafka.compression)", err)
+	case errors.Is(err, kerr.PolicyViolation):
+		return fmt.Errorf("%w (the cluster's create.topic.policy refused it: create the topic yourself, or set kafka.topic_partitions, kafka.topic_replication_factor and kafka.topic_config to what it takes)", err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return fmt.Errorf("%w (the principal may not create topics: grant it CREATE, or create the topics yourself and set kafka.create_topics: false)", err)
+	}
+	return err
 }

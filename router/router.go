@@ -1115,7 +1115,7 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 			info.refused = fmt.Sprintf("kafka refused to create topic %s (an invalid name, or one colliding with an existing topic when '.' and '_' are taken as equal): %v", topic, err)
 			return info, nil
 		default:
-			return info, wrap("create", err)
+			return info, wrap("create", CreateTopicHint(err, r.opts.Kafka))
 		}
 	}
 	if info.partitions == 0 {

@@ -614,9 +614,9 @@ func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 		return nil
 	case errors.Is(err, kerr.TopicAlreadyExists):
 	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.PolicyViolation):
-		return fmt.Errorf("%w: create checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, err)
+		return fmt.Errorf("%w: create checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, CreateTopicHint(err, r.opts.Kafka))
 	default:
-		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, err)
+		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, CreateTopicHint(err, r.opts.Kafka))
 	}
 	details, err := r.admin.ListTopics(ctx, topic)
 	if err != nil {
