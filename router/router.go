@@ -748,8 +748,12 @@ func recordRejected(err error) bool {
 		errors.Is(err, kerr.InvalidTimestamp)
 }
 
-// maxReasonBytes bounds the reason header of a dead-letter record.
-const maxReasonBytes = 2048
+// maxReasonBytes bounds the reason header of a dead-letter record, and the reason logged; maxLoggedID
+// bounds the event id logged (a column may hold anything, one log line stays a line).
+const (
+	maxReasonBytes = 2048
+	maxLoggedID    = 256
+)
 
 // produceDLQ writes the dead-letter record for orig (p's record, or what Kafka returned of it); the
 // room p holds is released when the dead-letter record is acknowledged. It never blocks, so it may
@@ -780,7 +784,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, p *Prepared, reason, class string,
 		limit = v.(topicInfo).limit
 	}
 	fitDLQ(dlq, own, int(limit))
-	r.log.Warn("dead-lettering event", "event_id", eventID(orig), "reason", reason, "dlq_topic", r.opts.DLQTopic, "source_lsn", src.Position())
+	r.log.Warn("dead-lettering event", "event_id", truncate(eventID(orig), maxLoggedID), "reason", truncate(reason, maxReasonBytes), "dlq_topic", r.opts.DLQTopic, "source_lsn", src.Position())
 	client, _ := r.producer()
 	client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
 		r.release(p.held())
