@@ -924,3 +924,77 @@ func TestCompressionAndTopicConfig(t *testing.T) {
 		t.Errorf("batch compression type %d, want 4 (zstd)", codec)
 	}
 }
+
+// syncBuffer is a bytes.Buffer safe for a logger on the promise goroutine and the test together.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDeadLetterLogLineIsBounded: the reason of a dead letter quotes the row's values and the event id
+// is a column's text, both of any size; the log line about it stays a line (reason and id bounded),
+// while the dead-letter record keeps the event id whole.
+func TestDeadLetterLogLineIsBounded(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var logged syncBuffer
+	r := testRouter(t, c, func(o *Options) {
+		o.DLQTopic = "dlq"
+		o.Kafka.CreateTopics = true
+		o.Logger = slog.New(slog.NewJSONHandler(&logged, nil))
+	})
+	id := "e-" + strings.Repeat("i", 50_000)
+	bad := undecodedRow{row("Paid", id), "column payload: " + strings.Repeat("v", 50_000)}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := r.Prepare(ctx, bad, Source{LSN: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := make(chan struct{})
+	r.Produce(p, func() { close(acked) })
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		t.Fatalf("not acknowledged through the dead-letter topic: %v", r.Err())
+	}
+	line := ""
+	for _, l := range strings.Split(logged.String(), "\n") {
+		if strings.Contains(l, "dead-lettering event") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no dead-lettering line in the log:\n%.2000s", logged.String())
+	}
+	if len(line) > maxReasonBytes+maxLoggedID+1024 {
+		t.Errorf("the dead-lettering log line is %d bytes: want reason and event id bounded", len(line))
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got := ""
+	for got == "" && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = header(r, outbox.HeaderEventID) })
+	}
+	if got != id {
+		t.Errorf("the dead-letter record's event id is %d bytes, want the whole %d", len(got), len(id))
+	}
+}
