@@ -146,7 +146,7 @@ func TestFencedCommitIsRefused(t *testing.T) {
 	cfg := eosConfig(f)
 	cfg.Kafka.TransactionInterval = 10 * time.Second
 	cfg.Kafka.QuietFlush = 0 // the interval alone ends the transaction
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	run := startPipelineLogged(t, cfg, testLoggerTo(t, &logs))
 	ctx := context.Background()
 	gen := testenv.NewGenerator(4, "Fenced")

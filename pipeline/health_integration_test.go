@@ -1,13 +1,11 @@
 package pipeline
 
 import (
-	"bytes"
 	"context"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
-
-// syncBuffer is a log sink tests can read while the pipeline writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // privateCluster starts a throw-away PostgreSQL with the recommended outbox and returns a
 // configuration for it (superuser, topics under a prefix of its own): for tests that restart the
@@ -209,7 +189,7 @@ func TestBackoffResetsAfterProgress(t *testing.T) {
 func TestStartWhileKafkaIsDown(t *testing.T) {
 	f := testenv.NewFixture(t)
 	testenv.StopKafka(t)
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	p, err := New(testConfig(f), testLoggerTo(t, &logs))
 	if err != nil {
 		t.Fatal(err)

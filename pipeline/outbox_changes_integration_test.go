@@ -519,7 +519,7 @@ func TestFailoverSlot(t *testing.T) {
 	if failover() {
 		t.Fatal("a slot created without failover is a failover slot: the test proves nothing")
 	}
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	run := startPipelineLogged(t, testConfig(f), testLoggerTo(t, &logs))
 	if !failover() {
 		t.Fatal("the router streams from a slot that is not a failover slot (postgres.failover_slot auto on PostgreSQL 17+)")

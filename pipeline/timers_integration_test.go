@@ -48,7 +48,7 @@ func TestRoleTimersDoNotReachOurSessions(t *testing.T) {
 	testenv.VerifyDelivery(t, f, evs, got)
 
 	// run: both the monitor (every 5 s) and the verifier (every 0.5 s) idle longer than 300 ms.
-	log := &syncBuffer{}
+	log := &testenv.LogBuffer{}
 	started := time.Now()
 	run := startPipelineLogged(t, cfg, testLoggerTo(t, log))
 	more := testenv.NewGenerator(5, "Timed").WithPrefix("after-")

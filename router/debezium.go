@@ -161,7 +161,6 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 			rec.Headers = append(rec.Headers, connectHeader(f.Alias, debeziumValue(row, f.Column)))
 		case config.PlacementEnvelope:
 			envelope = true
-			notUTF8(f.Column, debeziumValue(row, f.Column))
 		case config.PlacementPartition:
 			v := debeziumValue(row, f.Column)
 			if v.null {
@@ -187,11 +186,13 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 				b = append(b, ',')
 				b = jacksonString(b, f.Alias)
 				b = append(b, ':')
-				b = debeziumValue(row, f.Column).json(b)
+				v := debeziumValue(row, f.Column)
+				notUTF8(f.Column, v)
+				b = v.json(b)
 			}
 		}
 		rec.Value = append(b, '}')
-	case d.JSON && !raw:
+	case d.JSON:
 		rec.Value = payloadJSON
 	case !payload.null:
 		rec.Value = []byte(payload.text)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
@@ -925,24 +926,6 @@ func TestCompressionAndTopicConfig(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger on the promise goroutine and the test together.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestDeadLetterLogLineIsBounded: the reason of a dead letter quotes the row's values and the event id
 // is a column's text, both of any size; the log line about it stays a line (reason and id bounded),
 // while the dead-letter record keeps the event id whole.
@@ -952,7 +935,7 @@ func TestDeadLetterLogLineIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var logged syncBuffer
+	var logged testenv.LogBuffer
 	r := testRouter(t, c, func(o *Options) {
 		o.DLQTopic = "dlq"
 		o.Kafka.CreateTopics = true
