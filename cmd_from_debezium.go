@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -22,9 +21,11 @@ EventRouter — the JSON Kafka Connect's REST API takes or returns, or a .proper
 argument reads standard input — and prints the outbox-cdc configuration file that writes the same
 records (kafka.header_format debezium) from the connector's own slot and publication, so that
 outbox-cdc resumes where the connector stopped. What it cannot carry over is listed on standard
-error, one line each; add kafka.brokers and the password (PGPASSWORD) yourself. It exits 1 when
-outbox-cdc cannot take over as configured (another decoding plugin, no outbox EventRouter). It
-contacts nothing. See the README, "Coming from Debezium", for the switch-over.`,
+error, one line each; add kafka.brokers and the password (PGPASSWORD) yourself. It exits 1, naming
+the key, when outbox-cdc cannot take over as configured, rather than write a configuration that
+behaves otherwise: another decoding plugin, no outbox EventRouter, no table list or table patterns,
+a route.topic.regex it cannot reproduce, or an EventRouter option it does not know (a typo
+included). Several outbox tables become postgres.table and a tables list. It contacts nothing. See the README, "Coming from Debezium", for the switch-over.`,
 		Example: `  curl -s http://connect:8083/connectors/outbox | outbox-cdc from-debezium > outbox-cdc.yaml
   outbox-cdc from-debezium connector.properties > outbox-cdc.yaml`,
 		Args: cobra.MaximumNArgs(1),
@@ -47,7 +48,7 @@ contacts nothing. See the README, "Coming from Debezium", for the switch-over.`,
 			// No value that may be a secret reaches the output, wherever the input put it.
 			var secrets []string
 			for k, v := range props {
-				if l := strings.ToLower(k); strings.Contains(l, "password") || strings.Contains(l, "jaas") || strings.Contains(l, "secret") || strings.HasSuffix(l, ".key") {
+				if ops.DebeziumSecretKey(k) {
 					secrets = append(secrets, v)
 				}
 			}

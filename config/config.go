@@ -116,6 +116,12 @@ type Postgres struct {
 	StandbyURLs []string `yaml:"standby_urls"`
 	// Table is the outbox table, schema-qualified.
 	Table string `yaml:"table"`
+	// IgnoreTables are tables of the publication whose inserts are not for this router: their rows
+	// are dropped and confirmed past. Schema-qualified names, or "*" for every table that is not an
+	// outbox table. Any other table the publication carries beside the outbox tables is refused at
+	// start, and an insert into one that joins while running stops the source before it is confirmed
+	// past (it may be an outbox a newer configuration streams).
+	IgnoreTables []string `yaml:"ignore_tables"`
 	// Slot is the logical replication slot's name.
 	Slot string `yaml:"slot"`
 	// Publication is the publication's name.
@@ -538,6 +544,16 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	}
 	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
 		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
+	}
+	for _, t := range c.Postgres.IgnoreTables {
+		parts := strings.Split(t, ".")
+		switch {
+		case t == "*":
+		case len(parts) > 2 || parts[0] == "" || parts[len(parts)-1] == "":
+			bad("postgres.ignore_tables", "%q must be table, schema.table or *", t)
+		case sameTable(t, c.Postgres.Table) || slices.ContainsFunc(c.Tables, func(x Table) bool { return sameTable(t, x.Name) }):
+			bad("postgres.ignore_tables", "%q is an outbox table of this source (postgres.table, tables): its rows cannot be both streamed and ignored", t)
+		}
 	}
 	identRE := regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	// 56, not 63: resync's marker slot adds "_resync".

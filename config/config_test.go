@@ -102,6 +102,8 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"unknown header format", func(c *Config) { c.Kafka.HeaderFormat = "cloudevent" }, "kafka.header_format"},
 		{"source without cloudevents", func(c *Config) { c.Kafka.CloudEventsSource = "/x" }, "kafka.cloudevents_source"},
 		{"cloudevents without a type column", func(c *Config) { c.Kafka.HeaderFormat, c.Postgres.Columns.EventType = HeaderFormatCloudEvents, "" }, "postgres.columns.event_type"},
+		{"ignoring the outbox", func(c *Config) { c.Postgres.IgnoreTables = []string{"outbox"} }, "postgres.ignore_tables"},
+		{"ignoring a three-part name", func(c *Config) { c.Postgres.IgnoreTables = []string{"a.b.c"} }, "postgres.ignore_tables"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -154,3 +154,19 @@ func (c *Config) validateTables(bad func(key, format string, args ...any)) {
 		}
 	}
 }
+
+// SplitTable splits "schema.table" (or "table", schema public) into its parts: the one reading of a
+// configured table name.
+func SplitTable(qualified string) (schema, table string) {
+	if i := strings.IndexByte(qualified, '.'); i >= 0 {
+		return qualified[:i], qualified[i+1:]
+	}
+	return "public", qualified
+}
+
+// sameTable reports whether two configured names name one table ("outbox" is "public.outbox").
+func sameTable(a, b string) bool {
+	as, at := SplitTable(a)
+	bs, bt := SplitTable(b)
+	return as == bs && at == bt
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // Retry bounds of a source whose pipeline stopped on an error that heals without touching the stream
@@ -328,9 +329,14 @@ func orUnknown(s string) string {
 }
 
 // heals reports a permanent error of a source that may go away without the operator touching the
-// stream — the database missing, or refusing the role (created or granted later) — and that nothing
-// was replayed for: such a source is started again after a wait. Every other one is held.
+// stream — the database missing, or refusing the role (created or granted later), or lacking what
+// init or an administrator provides (replication.ErrPending: the outbox table, the publication or a
+// table's place in it, the slot, a privilege) — and that nothing was replayed for: such a source is
+// started again after a wait. Every other one is held.
 func heals(err error) bool {
+	if errors.Is(err, replication.ErrPending) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {

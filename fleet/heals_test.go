@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestHeals: only a missing database or a refused role is started again after a wait; a row, the
@@ -21,6 +23,8 @@ func TestHeals(t *testing.T) {
 		{fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true},
 		{fmt.Errorf("stream: %w", &pgconn.PgError{Code: "55000"}), false},
 		{errors.New("the outbox table changed under the stream"), false},
+		{fmt.Errorf("%w: %w: publication \"p\" does not include public.b", replication.ErrNotSetUp, replication.ErrPending), true},
+		{fmt.Errorf("%w: postgres.failover_slot is on, but PostgreSQL 16 has no failover slots", replication.ErrNotSetUp), false},
 	}
 	for _, tt := range tests {
 		if got := heals(tt.err); got != tt.want {

@@ -50,7 +50,18 @@ var irrelevant = []string{
 	"heartbeat.interval.ms", "heartbeat.action.query", "offset.flush.interval.ms", "poll.interval.ms",
 	"max.batch.size", "max.queue.size", "schema.include.list", "transforms", "provide.transaction.metadata",
 	"errors.tolerance", "errors.log.enable", "errors.log.include.messages", "slot.stream.params",
-	"database.initial.statements", "skipped.operations", "topic.creation.enable",
+	"database.initial.statements", "skipped.operations", "topic.creation.enable", "publication.autocreate.mode",
+}
+
+// eventRouterOptions are the EventRouter's options the conversion reads (under the transform's
+// prefix): any other option there is one it cannot tell the meaning of — a typo, a newer option, a
+// predicate — and the conversion refuses rather than write a configuration that behaves otherwise.
+var eventRouterOptions = []string{
+	"type", "table.field.event.id", "table.field.event.key", "table.field.event.payload", "table.field.event.timestamp",
+	"route.by.field", "route.topic.regex", "route.topic.replacement", "table.fields.additional.placement",
+	"table.expand.json.payload", "route.tombstone.on.empty.payload", "tracing.span.context.field",
+	"table.field.event.schema.version", "debezium.op.invalid.behavior", "table.json.payload.null.behavior",
+	"tracing.operation.name", "tracing.with.context.field.only", "table.fields.additional.error.on.missing",
 }
 
 // ParseDebeziumConfig reads a connector's configuration: the JSON Kafka Connect's REST API takes or
@@ -126,6 +137,7 @@ func FromDebezium(props map[string]string) Conversion {
 	}
 
 	pg := map[string]any{}
+	var more []map[string]any // further outbox tables (the tables list)
 	kafka := map[string]any{"brokers": []string{"CHANGE-ME:9092"}, "delivery": config.DeliveryAtLeastOnce, "header_format": config.HeaderFormatDebezium}
 	routing := map[string]any{}
 	host, _ := get("database.hostname")
@@ -162,11 +174,31 @@ func FromDebezium(props map[string]string) Conversion {
 	if tables == "" {
 		tables, _ = get("table.whitelist")
 	}
-	switch list := splitList(tables); {
-	case len(list) == 1 && regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$`).MatchString(list[0]):
-		pg["table"] = list[0]
+	list := splitList(tables)
+	plain := regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$`)
+	switch {
+	case len(list) == 0:
+		note("table.include.list is empty: the connector captures every table of its publication, and outbox-cdc streams named outbox tables only; name them in table.include.list (schema.table) and convert again")
+		c.Blocking = true
+	case slices.ContainsFunc(list, func(t string) bool { return !plain.MatchString(t) }):
+		note("table.include.list %q holds patterns (regular expressions) that outbox-cdc cannot match: name each outbox table as schema.table and convert again", tables)
+		c.Blocking = true
 	default:
-		note("table.include.list is %q: outbox-cdc reads one outbox table; set postgres.table to it (one instance per outbox table)", tables)
+		// The first is postgres.table; the others become the tables list, each with the source's
+		// routing, as the connector routes every captured table alike.
+		pg["table"] = list[0]
+		for _, t := range list[1:] {
+			more = append(more, map[string]any{"table": t})
+		}
+	}
+	// The connector captures only its include list, whatever its publication carries: Debezium
+	// creates it FOR ALL TABLES by default (publication.autocreate.mode all_tables), and one that was
+	// made by hand (disabled) may carry others. outbox-cdc refuses other tables unless told to
+	// ignore them, so the conversion says so; a filtered publication holds the list exactly.
+	if mode, _ := get("publication.autocreate.mode"); mode != "filtered" {
+		pg["ignore_tables"] = []string{"*"}
+		note("postgres.ignore_tables: [\"*\"]: the connector's publication (publication.autocreate.mode %s) may carry tables beside the outbox, whose rows the connector ignores; "+
+			"once it carries the outbox tables only (ALTER PUBLICATION ... SET TABLE ...), remove the key so that a table joining it is noticed", orDefault(mode, "all_tables, the default"))
 	}
 
 	transforms, _ := get("transforms")
@@ -213,9 +245,12 @@ func FromDebezium(props map[string]string) Conversion {
 	regex, replacement := router("route.topic.regex"), router("route.topic.replacement")
 	switch {
 	case regex != debeziumDefaults["route.topic.regex"]:
-		note("route.topic.regex %q is not carried over: routing.topic builds topic names from columns ({column}) and routing.topics maps event types to topics", regex)
+		note("%sroute.topic.regex %q cannot be carried over: routing.topic builds topic names from whole column values ({column}) and routing.topics maps event types to topics; "+
+			"write the routing by hand (or remove the option) and convert again", prefix, regex)
+		c.Blocking = true
 	case strings.Count(replacement, "$") != strings.Count(replacement, "${routedByValue}"):
-		note("route.topic.replacement %q refers to groups other than routedByValue: not carried over", replacement)
+		note("%sroute.topic.replacement %q refers to groups other than routedByValue, which cannot be carried over: write routing.topic by hand and convert again", prefix, replacement)
+		c.Blocking = true
 	default:
 		topic := strings.ReplaceAll(replacement, "${routedByValue}", "{aggregate_type}")
 		if topic != config.DebeziumTopic {
@@ -246,10 +281,23 @@ func FromDebezium(props map[string]string) Conversion {
 	if v := router("table.json.payload.null.behavior"); v != "" && v != "ignore" {
 		note("table.json.payload.null.behavior %s is not supported: null members of an expanded payload are left out", v)
 	}
+	if v := router("table.fields.additional.error.on.missing"); v == "false" {
+		note("table.fields.additional.error.on.missing false: outbox-cdc leaves a NULL additional field out, as the connector does then")
+	}
+	var foreign []string
 	for k := range props {
-		if strings.HasPrefix(k, prefix) {
-			used[k] = true
+		if !strings.HasPrefix(k, prefix) || prefix == "" {
+			continue
 		}
+		used[k] = true
+		if !slices.Contains(eventRouterOptions, strings.TrimPrefix(k, prefix)) {
+			foreign = append(foreign, k)
+		}
+	}
+	sort.Strings(foreign)
+	for _, k := range foreign {
+		note("%s is not an EventRouter option outbox-cdc knows (a typo, a newer option, or a predicate that would change which records are routed): remove it or carry its effect over by hand, and convert again", k)
+		c.Blocking = true
 	}
 
 	converter, why := converterOf(props, used)
@@ -294,6 +342,9 @@ func FromDebezium(props map[string]string) Conversion {
 		note("%s is not carried over", k)
 	}
 	doc := map[string]any{"postgres": pg, "kafka": kafka}
+	if len(more) > 0 {
+		doc["tables"] = more
+	}
 	if len(routing) > 0 {
 		doc["routing"] = routing
 	}
@@ -355,6 +406,35 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// orDefault is s, or def when s is empty.
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// DebeziumSecretKey reports whether a connector option may hold a secret, so that its value is kept
+// out of everything from-debezium prints: passwords, JAAS configurations, secrets, tokens,
+// credentials and private key material (ssl.key, sslkey, a private or API key). An option that merely
+// ends in ".key" and names a column or a converter (table.field.event.key, key.converter) is not one.
+func DebeziumSecretKey(key string) bool {
+	l := strings.ToLower(key)
+	for _, word := range []string{"password", "passwd", "jaas", "secret", "token", "credential", "passphrase", "sslkey"} {
+		if strings.Contains(l, word) {
+			return true
+		}
+	}
+	parts := strings.Split(l, ".")
+	if n := len(parts); n >= 2 && parts[n-1] == "key" {
+		switch parts[n-2] {
+		case "ssl", "private", "api", "access", "signing", "encryption", "client":
+			return true
+		}
+	}
+	return false
 }
 
 // quoteName quotes a connector name for a comment line.

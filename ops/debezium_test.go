@@ -93,10 +93,15 @@ func TestFromDebeziumRefusesAndNotes(t *testing.T) {
 		{"decoderbufs", "connector.class=io.debezium.connector.postgresql.PostgresConnector\nplugin.name=decoderbufs\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "pgoutput", true},
 		{"no event router", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=u\ntransforms.u.type=io.debezium.transforms.ExtractNewRecordState", "EventRouter", true},
 		{"mysql", "connector.class=io.debezium.connector.mysql.MySqlConnector", "PostgresConnector", true},
-		{"schemas", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\nvalue.converter=org.apache.kafka.connect.json.JsonConverter", "schemas.enable", false},
-		{"regex", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.route.topic.regex=(?<routedByValue>.*)Event", "route.topic.regex", false},
-		{"two tables", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.a,public.b\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "one outbox table", false},
-		{"no converters", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "StringConverter assumed", false},
+		{"schemas", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\nvalue.converter=org.apache.kafka.connect.json.JsonConverter", "schemas.enable", false},
+		{"regex", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.route.topic.regex=(?<routedByValue>.*)Event", "transforms.o.route.topic.regex", true},
+		{"replacement with other groups", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.route.topic.replacement=x.$1", "transforms.o.route.topic.replacement", true},
+		{"typo under the transform", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.table.field.event.paylod=body", "transforms.o.table.field.event.paylod", true},
+		{"predicate", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.predicate=isOutbox", "transforms.o.predicate", true},
+		{"no table list", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "table.include.list is empty", true},
+		{"table patterns", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox_.*\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "patterns", true},
+		{"all-tables publication", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "postgres.ignore_tables", false},
+		{"no converters", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "StringConverter assumed", false},
 	} {
 		props, err := ParseDebeziumConfig([]byte(tc.props))
 		if err != nil {
@@ -112,6 +117,48 @@ func TestFromDebeziumRefusesAndNotes(t *testing.T) {
 	out := string(FromDebezium(props).YAML)
 	if strings.Contains(out, "columns:") || strings.Contains(out, "routing:") || !strings.Contains(out, "slot: debezium") || !strings.Contains(out, "publication: dbz_publication") {
 		t.Errorf("defaults:\n%s", out)
+	}
+}
+
+// TestFromDebeziumTablesList: a connector of several outbox tables becomes postgres.table and a
+// tables list, not the default table; with a filtered publication nothing is ignored.
+func TestFromDebeziumTablesList(t *testing.T) {
+	props, err := ParseDebeziumConfig([]byte("connector.class=io.debezium.connector.postgresql.PostgresConnector\ndatabase.hostname=h\ndatabase.dbname=d\n" +
+		"publication.autocreate.mode=filtered\ntable.include.list=orders.outbox, billing.outbox ,shipping.outbox\ntransforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := FromDebezium(props)
+	if conv.Blocking {
+		t.Fatalf("blocking: %v", conv.Notes)
+	}
+	path := t.TempDir() + "/c.yaml"
+	writeFile(t, path, strings.Replace(string(conv.YAML), "CHANGE-ME:9092", "kafka:9092", 1))
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatalf("does not load: %v\n%s", err, conv.YAML)
+	}
+	var names []string
+	for _, tb := range cfg.Tables {
+		names = append(names, tb.Name)
+	}
+	if cfg.Postgres.Table != "orders.outbox" || strings.Join(names, ",") != "billing.outbox,shipping.outbox" || len(cfg.Postgres.IgnoreTables) != 0 {
+		t.Errorf("table %q, tables %v, ignore_tables %v:\n%s", cfg.Postgres.Table, names, cfg.Postgres.IgnoreTables, conv.YAML)
+	}
+}
+
+// TestDebeziumSecretKey: options that hold secrets are masked, options that merely end in ".key" and
+// name a column or a converter are not (their values, column names, would vanish from the output).
+func TestDebeziumSecretKey(t *testing.T) {
+	for key, secret := range map[string]bool{
+		"database.password": true, "database.sslpassword": true, "database.sslkey": true, "sasl.jaas.config": true,
+		"producer.override.sasl.jaas.config": true, "database.ssl.key": true, "some.api.key": true, "oauth.client.secret": true,
+		"transforms.outbox.table.field.event.key": false, "key.converter": false, "message.key.columns": false,
+		"transforms.outbox.table.field.event.payload": false, "database.user": false,
+	} {
+		if got := DebeziumSecretKey(key); got != secret {
+			t.Errorf("DebeziumSecretKey(%q) = %v, want %v", key, got, secret)
+		}
 	}
 }
 

@@ -523,7 +523,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Tables: p.tables(), Columns: p.columnRoles(), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
-		BaseType: p.baseType, Missing: res.Missing, Logger: p.log, Counters: &p.Replication,
+		BaseType: p.baseType, Missing: res.Missing, Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables), Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
 		return err
@@ -726,6 +726,7 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
 		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
 		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv, ApplicationName: conn.ParameterStatus("application_name"),
+		Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables),
 	}
 	res, err := cat.Setup(ctx, opts)
 	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {
@@ -746,6 +747,9 @@ func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 		err = res.Verified.Continues(c.verified, p.outbox(), p.tables()...)
 	}
 	s.res = res
+	for _, w := range res.Changed {
+		p.log.Warn(w)
+	}
 	if err != nil {
 		s.close()
 		return s, err

@@ -36,6 +36,7 @@ func Preflight(ctx context.Context, cfg config.Config, log *slog.Logger, createC
 	defer func() { _ = conn.Close(context.Background()) }()
 	res, err := cat.Setup(ctx, replication.SetupOptions{
 		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(), FailoverSlot: cfg.Postgres.FailoverSlot, Server: srv,
+		Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables),
 	})
 	warnings = res.Warnings
 	if errors.Is(err, replication.ErrSlotInUse) && res.Slot.Exists {

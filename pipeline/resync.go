@@ -81,7 +81,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 	}
 	if _, err := cat.Setup(ctx, replication.SetupOptions{
 		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
-		CreatePublication: cfg.Postgres.CreatePublication, SkipSlot: true,
+		CreatePublication: cfg.Postgres.CreatePublication, SkipSlot: true, Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables),
 	}); err != nil {
 		return err
 	}

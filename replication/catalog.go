@@ -116,6 +116,9 @@ type SetupOptions struct {
 	// ApplicationName is the application_name of the replication connection that will stream (its
 	// ParameterStatus): Setup warns when synchronous_standby_names names it. Empty: not checked.
 	ApplicationName string
+	// Ignore are the published tables whose rows are not for this router (postgres.ignore_tables):
+	// every other table the publication carries beside the outbox tables is refused (ErrUnlistedTable).
+	Ignore IgnoredTables
 }
 
 // SetupResult says what Setup found and did.
@@ -136,6 +139,10 @@ type SetupResult struct {
 	// Missing are the optional columns the tables lack (warned in Warnings): Options.Missing, so
 	// that the stream does not warn of them again.
 	Missing []MissingColumn
+	// Changed says what Setup changed in the database, one line each (a table added to the
+	// publication, and the rows it already held): said once, also when Setup then returns an
+	// error (the slot in use, say), unlike Warnings, which every session repeats.
+	Changed []string
 }
 
 // MissingColumn is an optional column an outbox table lacks: Table is the table's index (0 for the
@@ -159,7 +166,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		return res, fmt.Errorf("read server settings: %w", err)
 	}
 	if walLevel != "logical" {
-		return res, fmt.Errorf("%w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, walLevel)
+		return res, fmt.Errorf("%w: %w: wal_level is %q, logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrNotSetUp, ErrPending, walLevel)
 	}
 	if !replication {
 		return res, errNoReplication
@@ -179,8 +186,8 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		for _, role := range o.Columns {
 			if !slices.Contains(facts[i].columns, role.Column) {
 				if role.Required {
-					return res, fmt.Errorf("%w: outbox table %s has no column %q (%s): set %s to the column's name, or add it (sql/outbox.sql)",
-						ErrNotSetUp, t, role.Column, role.Key, role.Key)
+					return res, fmt.Errorf("%w: %w: outbox table %s has no column %q (%s): set %s to the column's name, or add it (sql/outbox.sql)",
+						ErrNotSetUp, ErrPending, t, role.Column, role.Key, role.Key)
 				}
 				res.Warnings = append(res.Warnings, fmt.Sprintf("outbox table %s has no column %q (%s): records go without it", t, role.Column, role.Key))
 				res.Missing = append(res.Missing, MissingColumn{Table: i, Column: role.Column})
@@ -196,7 +203,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 			return res, err
 		}
 	}
-	created, warnings, err := c.publication(ctx, o, facts, slot.Exists)
+	created, warnings, err := c.publication(ctx, o, facts, slot.Exists, &res.Changed)
 	if err != nil {
 		return res, err
 	}
@@ -223,7 +230,7 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 				ErrSlotLost, o.Slot)
 		}
 		if !o.CreateSlot {
-			return res, fmt.Errorf("%w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc resync)", ErrNotSetUp, o.Slot)
+			return res, fmt.Errorf("%w: %w: replication slot %q does not exist and postgres.create_slot is off (create it with outbox-cdc init, or outbox-cdc resync)", ErrNotSetUp, ErrPending, o.Slot)
 		}
 		if tl := o.Server.Timeline; tl > 1 {
 			return res, fmt.Errorf("%w: replication slot %q does not exist, and this server was promoted from a standby (timeline %d). If the router streamed from the previous primary, "+
@@ -233,6 +240,19 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 		}
 		if res.CreatedSlot, err = c.CreateSlot(ctx, o.Slot, res.WantFailover); err != nil {
 			return res, err
+		}
+		if res.CreatedSlot {
+			// Rows written while no slot existed (before the first start, or while the source
+			// waited) are in no slot: say so, and how to replay them.
+			for _, t := range tables {
+				w, err := c.rowsBefore(ctx, t, "replication slot "+strconv.Quote(o.Slot)+" was created")
+				if err != nil {
+					return res, err
+				}
+				if w != "" {
+					res.Warnings = append(res.Warnings, w)
+				}
+			}
 		}
 		if slot, err = c.Slot(ctx, o.Slot); err != nil {
 			return res, err
@@ -258,7 +278,7 @@ func withPublication(o Outbox, more []Outbox) []Outbox {
 }
 
 // errNoReplication is the refusal of a role that may not stream.
-var errNoReplication = fmt.Errorf("%w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql", ErrNotSetUp)
+var errNoReplication = fmt.Errorf("%w: %w: the role lacks the REPLICATION attribute: ALTER ROLE <role> REPLICATION (as a superuser; on Amazon RDS: GRANT rds_replication TO <role>), or use the role from sql/role.sql", ErrNotSetUp, ErrPending)
 
 // ExplainConnectFailure turns the failure of a replication connection into set-up's clearer error
 // when the reason is one set-up names (a role without REPLICATION, wal_level below logical), asking
@@ -384,7 +404,7 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
 		o.Schema, o.Table).Scan(&t.oid, &kind, &persistence, &t.columns, &t.generated, &t.virtual)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return t, fmt.Errorf("%w: outbox table %s does not exist (postgres.table); create it from sql/outbox.sql", ErrNotSetUp, o)
+		return t, fmt.Errorf("%w: %w: outbox table %s does not exist (postgres.table, tables); create it with outbox-cdc init --create-table, or from sql/outbox.sql", ErrNotSetUp, ErrPending, o)
 	}
 	if err != nil {
 		return t, fmt.Errorf("look up outbox table %s: %w", o, err)
@@ -394,7 +414,7 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 	case what != "":
 		return t, fmt.Errorf("%w: postgres.table %s is %s; outbox-cdc reads the inserts of a table (or partitioned table) from the WAL: point postgres.table at the table itself", ErrNotSetUp, o, what)
 	case persistence == "u":
-		return t, fmt.Errorf("%w: outbox table %s is UNLOGGED: its rows never reach the WAL, so no replication can see them: ALTER TABLE %s SET LOGGED", ErrNotSetUp, o, o.qualified())
+		return t, fmt.Errorf("%w: %w: outbox table %s is UNLOGGED: its rows never reach the WAL, so no replication can see them: ALTER TABLE %s SET LOGGED", ErrNotSetUp, ErrPending, o, o.qualified())
 	case persistence == "t":
 		return t, fmt.Errorf("%w: outbox table %s is a temporary table, which logical replication cannot see", ErrNotSetUp, o)
 	}
@@ -405,7 +425,7 @@ func (c *Catalog) table(ctx context.Context, o Outbox) (tableFacts, error) {
 			return t, fmt.Errorf("look up the inheritance children of %s: %w", o, err)
 		}
 		if len(children) > 0 {
-			return t, fmt.Errorf("%w: %s", ErrNotSetUp, inheritanceError(o, children))
+			return t, fmt.Errorf("%w: %w: %s", ErrNotSetUp, ErrPending, inheritanceError(o, children))
 		}
 	}
 	return t, nil
@@ -425,19 +445,19 @@ func MissingPublicationError(o Outbox, slot string) error {
 
 // publication checks (or creates) the publication for the tables (facts in the order of o.tables()).
 // slotExists says whether the slot exists (then a missing publication is refused, not created).
-func (c *Catalog) publication(ctx context.Context, o SetupOptions, facts []tableFacts, slotExists bool) (created bool, warnings []string, err error) {
+func (c *Catalog) publication(ctx context.Context, o SetupOptions, facts []tableFacts, slotExists bool, changed *[]string) (created bool, warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
 	tables := o.tables()
-	var insert, viaRoot, generated bool
+	var insert, viaRoot, generated, all bool
 	gencols := "false"
 	if c.version >= 180000 { // read by Setup just before
 		gencols = "pubgencols::text = 's'"
 	}
-	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot, `+gencols+` FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot, &generated)
+	err = c.conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot, `+gencols+`, puballtables FROM pg_publication WHERE pubname = $1`, o.Outbox.Publication).Scan(&insert, &viaRoot, &generated, &all)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && !o.CreatePublication:
-		return false, nil, fmt.Errorf("%w: publication %q does not exist and postgres.create_publication is off: %s",
-			ErrNotSetUp, o.Outbox.Publication, CreatePublicationSQL(o.Outbox, 0, o.Tables...))
+		return false, nil, fmt.Errorf("%w: %w: publication %q does not exist and postgres.create_publication is off: %s (or outbox-cdc init)",
+			ErrNotSetUp, ErrPending, o.Outbox.Publication, CreatePublicationSQL(o.Outbox, 0, o.Tables...))
 	case errors.Is(err, pgx.ErrNoRows) && (slotExists || o.PublicationSeen):
 		return false, nil, MissingPublicationError(o.Outbox, o.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
@@ -457,25 +477,40 @@ func (c *Catalog) publication(ctx context.Context, o SetupOptions, facts []table
 	case err != nil:
 		return false, nil, fmt.Errorf("look up publication %q: %w", o.Outbox.Publication, err)
 	case !insert:
-		return false, nil, fmt.Errorf("%w: publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrNotSetUp, o.Outbox.Publication, pub)
+		return false, nil, fmt.Errorf("%w: %w: publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrNotSetUp, ErrPending, o.Outbox.Publication, pub)
 	}
 	for i, t := range tables {
-		w, err := c.publishes(ctx, o, t, facts[i], viaRoot, generated)
+		w, err := c.publishes(ctx, o, t, facts[i], viaRoot, generated, changed)
 		if err != nil {
 			return false, nil, err
 		}
 		warnings = append(warnings, w...)
 	}
-	return false, warnings, nil
+	return false, warnings, c.unlistedTables(ctx, o, all)
+}
+
+// rowsBefore warns when table t already holds rows at a start of streaming (when): they were
+// written before it and never reach the stream; `outbox-cdc resync` republishes them. Empty when the
+// table is empty.
+func (c *Catalog) rowsBefore(ctx context.Context, t Outbox, when string) (string, error) {
+	st, err := c.OutboxState(ctx, t, "")
+	if err != nil || st.RowEstimate == 0 {
+		return "", err
+	}
+	n := fmt.Sprint(st.RowEstimate)
+	if st.RowsAtLeast {
+		n = "at least " + n
+	}
+	return fmt.Sprintf("%s holds %s rows written before %s: they are not streamed; if they are events not yet delivered, replay them with `outbox-cdc resync`", t, n, when), nil
 }
 
 // publishes checks that the existing publication carries table t (facts f) whole: via the root when
 // it is partitioned, with the columns the router reads.
-func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tableFacts, viaRoot, generated bool) (warnings []string, err error) {
+func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tableFacts, viaRoot, generated bool, changed *[]string) (warnings []string, err error) {
 	pub := pgx.Identifier{o.Outbox.Publication}.Sanitize()
 	if f.partitioned && !viaRoot {
-		return nil, fmt.Errorf("%w: outbox table %s is partitioned and publication %q does not publish via the partition root, so its rows would arrive under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
-			ErrNotSetUp, t, o.Outbox.Publication, pub)
+		return nil, fmt.Errorf("%w: %w: outbox table %s is partitioned and publication %q does not publish via the partition root, so its rows would arrive under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+			ErrNotSetUp, ErrPending, t, o.Outbox.Publication, pub)
 	}
 	// The table must be in the publication; since PostgreSQL 15 a column list can leave columns out
 	// and a row filter can leave rows out.
@@ -487,9 +522,23 @@ func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tab
 		q = `SELECT true, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	}
 	err = c.conn.QueryRow(ctx, q, o.Outbox.Publication, t.Schema, t.Table).Scan(&in, &published, &filter)
+	if errors.Is(err, pgx.ErrNoRows) && o.CreatePublication {
+		// A table added to the configuration (a rolling update, say): the publication follows it, as
+		// init would make it. An instance still streaming without it stops at its first row
+		// (ErrUnlistedTable), so that one with this configuration delivers it.
+		if err := c.AddTable(ctx, t); err != nil {
+			return nil, err
+		}
+		*changed = append(*changed, fmt.Sprintf("added %s to publication %q (postgres.create_publication): its inserts are streamed from now on; an instance streaming without it in its configuration stops at its first row", t, o.Outbox.Publication))
+		w, err := c.rowsBefore(ctx, t, "the publication took it")
+		if w != "" {
+			*changed = append(*changed, w)
+		}
+		return nil, err
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s",
-			ErrNotSetUp, o.Outbox.Publication, t, pub, t.qualified())
+		return nil, fmt.Errorf("%w: %w: publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s (or outbox-cdc init)",
+			ErrNotSetUp, ErrPending, o.Outbox.Publication, t, pub, t.qualified())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up the tables of publication %q: %w", o.Outbox.Publication, err)
@@ -499,8 +548,8 @@ func (c *Catalog) publishes(ctx context.Context, o SetupOptions, t Outbox, f tab
 		// checked below.
 		if published != nil && slices.Contains(f.columns, role.Column) && !slices.Contains(f.generated, role.Column) && !slices.Contains(published, role.Column) {
 			if role.Required {
-				return nil, fmt.Errorf("%w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
-					ErrNotSetUp, o.Outbox.Publication, t, role.Column, role.Key, pub, t.qualified())
+				return nil, fmt.Errorf("%w: %w: publication %q's column list for %s leaves out %q (%s): ALTER PUBLICATION %s SET TABLE %s (without a column list, or with the column)",
+					ErrNotSetUp, ErrPending, o.Outbox.Publication, t, role.Column, role.Key, pub, t.qualified())
 			}
 			warnings = append(warnings, fmt.Sprintf("publication %q's column list for %s leaves out %q (%s): records go without it", o.Outbox.Publication, t, role.Column, role.Key))
 		}

@@ -134,6 +134,7 @@ func feed(t *testing.T, st *Stream, h Handler, msgs ...[]byte) {
 
 func TestStreamDecodesOutboxInsertsAndIgnoresTheRest(t *testing.T) {
 	st := newTestStream()
+	st.opts.Ignore = IgnoredTables{"orders"} // public.orders
 	h := &recordingHandler{tracker: st.tracker}
 	outboxCols := []col{{"event_id", pgtype.UUIDOID}, {"event_type", pgtype.TextOID}, {"payload", pgtype.ByteaOID}, {"created_at", pgtype.TimestamptzOID}}
 	feed(t, st, h,
@@ -179,6 +180,56 @@ func TestStreamDecodesOutboxInsertsAndIgnoresTheRest(t *testing.T) {
 	st.tracker.Ack(h.txs[1])
 	if wm := st.tracker.Watermark(); wm != 1000 {
 		t.Fatalf("watermark %s after acks, want the commit end LSN 0/3E8", wm)
+	}
+}
+
+// TestUnlistedTableStopsTheStream: an insert into a published table that is neither an outbox table
+// nor ignored stops the stream before its transaction can be confirmed, naming the table and the
+// keys that settle it; "*" and a schema-qualified name ignore it; a delete of it is no event.
+func TestUnlistedTableStopsTheStream(t *testing.T) {
+	outboxCols := []col{{"event_id", pgtype.TextOID}}
+	for _, tc := range []struct {
+		name   string
+		ignore IgnoredTables
+		stops  bool
+	}{
+		{"not ignored", nil, true},
+		{"another table ignored", IgnoredTables{"public.payments"}, true},
+		{"same name in another schema ignored", IgnoredTables{"billing.orders"}, true},
+		{"ignored by name", IgnoredTables{"public.orders"}, false},
+		{"ignored by default schema", IgnoredTables{"orders"}, false},
+		{"every other table ignored", IgnoredTables{IgnoreAll}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newTestStream()
+			st.opts.Ignore = tc.ignore
+			h := &recordingHandler{tracker: st.tracker}
+			feed(t, st, h, relationMsg(1, "public", "outbox", outboxCols...), relationMsg(2, "public", "orders", col{"id", pgtype.Int8OID}),
+				beginMsg(900), insertMsg(1, s("e1")), deleteMsg(2))
+			err := st.handleWAL(context.Background(), h, pglogrepl.XLogData{WALStart: 800, WALData: insertMsg(2, s("7"))})
+			if !tc.stops {
+				if err != nil {
+					t.Fatalf("insert into an ignored table: %v", err)
+				}
+				feed(t, st, h, commitMsg(900, 1000))
+				if st.counters.IgnoredOtherTables.Load() != 2 {
+					t.Errorf("ignored %d other-table changes, want 2", st.counters.IgnoredOtherTables.Load())
+				}
+				return
+			}
+			if !errors.Is(err, ErrUnlistedTable) || !errors.Is(err, ErrOutboxChanged) {
+				t.Fatalf("insert into an unlisted table: %v, want ErrUnlistedTable", err)
+			}
+			for _, want := range []string{"public.orders", "postgres.ignore_tables", "tables", "0/384"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not name %q: %v", want, err)
+				}
+			}
+			st.tracker.Ack(h.txs[0])
+			if wm := st.tracker.Watermark(); wm != 100 {
+				t.Errorf("watermark %s: the transaction with the unlisted row must not be confirmable", wm)
+			}
+		})
 	}
 }
 

@@ -190,7 +190,7 @@ func (c *Catalog) CreatePublication(ctx context.Context, o Outbox, more ...Outbo
 	}
 	if _, err := c.conn.Exec(ctx, stmt); err != nil {
 		if isPrivilegeError(err) {
-			return fmt.Errorf("%w: create publication %q: %w", ErrNotSetUp, o.Publication, err)
+			return fmt.Errorf("%w: %w: create publication %q: %w", ErrNotSetUp, ErrPending, o.Publication, err)
 		}
 		return fmt.Errorf("create publication %q: %w", o.Publication, err)
 	}
@@ -207,7 +207,7 @@ func AddTableSQL(o Outbox) string {
 func (c *Catalog) AddTable(ctx context.Context, o Outbox) error {
 	if _, err := c.conn.Exec(ctx, AddTableSQL(o)); err != nil {
 		if isPrivilegeError(err) {
-			return fmt.Errorf("%w: add %s to publication %q: %w", ErrNotSetUp, o, o.Publication, err)
+			return fmt.Errorf("%w: %w: add %s to publication %q: %w", ErrNotSetUp, ErrPending, o, o.Publication, err)
 		}
 		return fmt.Errorf("add %s to publication %q: %w", o, o.Publication, err)
 	}
@@ -246,7 +246,7 @@ func (c *Catalog) CreateSlot(ctx context.Context, slot string, failover bool) (c
 	case errors.As(err, &pgErr) && pgErr.Code == "42710":
 		return false, nil
 	case isPrivilegeError(err):
-		return false, fmt.Errorf("%w: create replication slot %q: %w", ErrNotSetUp, slot, err)
+		return false, fmt.Errorf("%w: %w: create replication slot %q: %w", ErrNotSetUp, ErrPending, slot, err)
 	default:
 		return false, fmt.Errorf("create replication slot %q: %w", slot, withLimitHint(err))
 	}

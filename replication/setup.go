@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
+	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
 // Connect opens a replication connection (replication=database) to the database at url.
@@ -75,18 +75,20 @@ func keepStoredBytes(ctx context.Context, conn *pgconn.PgConn) error {
 	return nil
 }
 
-// SplitTable splits "schema.table" (or "table", schema public) into its parts.
-func SplitTable(qualified string) (schema, table string) {
-	if i := strings.IndexByte(qualified, '.'); i >= 0 {
-		return qualified[:i], qualified[i+1:]
-	}
-	return "public", qualified
-}
+// SplitTable splits "schema.table" (or "table", schema public) into its parts (config.SplitTable).
+func SplitTable(qualified string) (schema, table string) { return config.SplitTable(qualified) }
 
 // ErrNotSetUp is returned (wrapped) when the database lacks something outbox-cdc needs and may not or
 // cannot create: the outbox table, a suitable publication, the slot, a setting, a privilege.
 // Retrying does not help.
 var ErrNotSetUp = errors.New("database not set up for outbox-cdc")
+
+// ErrPending is returned (wrapped, beside ErrNotSetUp) when what the database lacks is provided on its
+// side while the router waits — the outbox table, the publication or a table's place in it, the
+// slot, the REPLICATION attribute, wal_level — by `outbox-cdc init` or an administrator: trying again
+// later can succeed without a change of the router's configuration (a fleet retries such a source on
+// a backoff). Errors a configuration change must fix never wrap it.
+var ErrPending = errors.New("waiting for the database to be set up")
 
 // AlterSlotFailover makes slot a failover slot (PostgreSQL 17+) with ALTER_REPLICATION_SLOT on the
 // replication connection conn; the slot must not be in use. Run it before START_REPLICATION, or after

@@ -148,6 +148,10 @@ type Options struct {
 	// Missing are the optional columns set-up found missing and warned of (SetupResult.Missing): a
 	// Relation message without them is no change to warn of again.
 	Missing []MissingColumn
+	// Ignore are the published tables whose inserts are not for this router (postgres.ignore_tables):
+	// they are counted and dropped. An insert into any other table that is not an outbox table stops
+	// the stream before its transaction is confirmed (ErrUnlistedTable).
+	Ignore IgnoredTables
 	// Logger receives the stream's log lines.
 	Logger *slog.Logger
 	// Counters, if not nil, are updated as the stream runs.
@@ -485,8 +489,9 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 	return nil
 }
 
-// handleInsert decodes an Insert and hands an outbox row to the handler; inserts into other published
-// tables are counted and dropped before their values are copied.
+// handleInsert decodes an Insert and hands an outbox row to the handler; inserts into ignored tables
+// (Options.Ignore) are counted and dropped before their values are copied, and an insert into any
+// other table stops the stream (ErrUnlistedTable).
 func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLogData) error {
 	id, err := relationOf(xld.WALData)
 	if err != nil {
@@ -497,6 +502,15 @@ func (s *Stream) handleInsert(ctx context.Context, h Handler, xld pglogrepl.XLog
 		return err
 	}
 	if !rel.outbox {
+		if !s.opts.Ignore.Has(rel.namespace, rel.name) {
+			// Maybe an outbox of a newer configuration (a table added in a rolling update): its rows
+			// must reach an instance that has it, so nothing from here on is confirmed.
+			at := LSN(xld.WALStart)
+			if s.current != nil {
+				at = LSN(s.current.CommitLSN())
+			}
+			return unlistedTableError(s.opts, Outbox{Schema: rel.namespace, Table: rel.name}, at)
+		}
 		s.counters.IgnoredOtherTables.Add(1)
 		return nil
 	}
