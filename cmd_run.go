@@ -163,7 +163,7 @@ Environment variables:
 					}
 				}
 				coord = &fleet.Coordinator{
-					Group: cfg.GroupID(), Topic: "outbox-cdc.fleet." + cfg.GroupID(), Instance: instance,
+					Group: cfg.GroupID(), Topic: cfg.CoordinationTopic(), LegacyTopic: cfg.LegacyCoordinationTopic(), Instance: instance,
 					SessionTimeout: cfg.Fleet.SessionTimeout, RebalanceTimeout: cfg.ShutdownTimeout + 30*time.Second,
 					ReplicationFactor: cfg.Kafka.TopicReplicationFactor, ClientOpts: kopts, Log: log,
 				}
@@ -172,7 +172,7 @@ Environment variables:
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			api := f.Handler()
+			api := f.Handler(fleet.APIOptions{TokenFile: cfg.Metrics.AdminTokenFile, AllowedHosts: cfg.Metrics.AllowedHosts})
 			if err := serve(map[string]http.Handler{"/api/": api, "/status": api}); err != nil {
 				return err
 			}

@@ -71,8 +71,9 @@ type Fleet struct {
 	// through a consumer group on the top-level kafka settings) or FleetNone (every instance streams
 	// every source; each slot's exclusivity leaves the others waiting as hot standbys).
 	Coordination string `yaml:"coordination"`
-	// Group is the consumer group's id; empty: outbox-cdc-fleet- and a hash of the sources' names,
-	// databases and slots, so that the instances of one sources list find each other.
+	// Group is the consumer group's id (DefaultGroup, outbox-cdc, when empty): the fleet's name, the
+	// same whatever its sources list holds, so that a change of the list keeps one group and its
+	// pause states. Fleets that share a Kafka cluster set one each (the Helm chart: the release).
 	Group string `yaml:"group"`
 	// Instance names this instance to the others (the group's client id); empty: the host name and
 	// metrics.addr.
@@ -409,6 +410,14 @@ type Metrics struct {
 	// Pprof serves Go's profiles under /debug/pprof/ on the same address. Off by default: profiles
 	// show code paths and memory, and a CPU profile costs while it runs.
 	Pprof bool `yaml:"pprof"`
+	// AdminTokenFile holds the credentials the fleet API's pause and resume need (a mounted Secret):
+	// one per line, a token alone or name:token, the name being who a pause is recorded as. Read at
+	// every request. Empty: pause and resume are taken from the instance's own host only.
+	AdminTokenFile string `yaml:"admin_token_file"`
+	// AllowedHosts are host names, besides IP addresses and localhost, under which the fleet API and
+	// status page answer ("*.example.com" for a domain): any other Host header is refused, against
+	// DNS rebinding. The metrics and health endpoints answer under any name.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Default returns the configuration used where nothing else is said.
@@ -763,8 +772,8 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	default:
 		bad("fleet.coordination", "must be %s or %s, got %q", FleetKafka, FleetNone, c.Fleet.Coordination)
 	}
-	if g := c.Fleet.Group; g != "" && !regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`).MatchString(g) {
-		bad("fleet.group", "must be letters, digits, '.', '_' and '-' (it names the coordination topic outbox-cdc.fleet.<group>), got %q", g)
+	if g := c.Fleet.Group; g != "" && !regexp.MustCompile(`^[A-Za-z0-9._-]{1,150}$`).MatchString(g) {
+		bad("fleet.group", "must be at most 150 letters, digits, '.', '_' and '-' (it names the coordination topics outbox-cdc.fleet.<group> and outbox-cdc.fleet.<group>.<source>.<hash>), got %q", g)
 	}
 	if c.Fleet.SessionTimeout < time.Second || c.Fleet.SessionTimeout > 5*time.Minute {
 		bad("fleet.session_timeout", "must be between 1s and 5m (and within the broker's group.min/max.session.timeout.ms), got %s", c.Fleet.SessionTimeout)

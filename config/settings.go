@@ -169,6 +169,8 @@ var settings = []setting{
 	{"log.format", "OUTBOX_CDC_LOG_FORMAT", "log-format", "auto (text on a terminal, JSON otherwise), text or json", str(func(c *Config) *string { return &c.Log.Format })},
 	{"metrics.pprof", "OUTBOX_CDC_PPROF", "", "", boolean(func(c *Config) *bool { return &c.Metrics.Pprof })},
 	{"metrics.addr", "OUTBOX_CDC_METRICS_ADDR", "metrics-addr", "listen address for /metrics, /healthz, /readyz (empty disables)", str(func(c *Config) *string { return &c.Metrics.Addr })},
+	{"metrics.admin_token_file", "OUTBOX_CDC_ADMIN_TOKEN_FILE", "", "", str(func(c *Config) *string { return &c.Metrics.AdminTokenFile })},
+	{"metrics.allowed_hosts", "OUTBOX_CDC_ALLOWED_HOSTS", "", "", list(func(c *Config) *[]string { return &c.Metrics.AllowedHosts })},
 	{"tracing.otlp_endpoint", "OUTBOX_CDC_OTLP_ENDPOINT", "", "", str(func(c *Config) *string { return &c.Tracing.OTLPEndpoint })},
 	{"tracing.service_name", "OUTBOX_CDC_TRACING_SERVICE_NAME", "", "", str(func(c *Config) *string { return &c.Tracing.ServiceName })},
 	{"tracing.sample_ratio", "OUTBOX_CDC_TRACING_SAMPLE_RATIO", "", "", float(func(c *Config) *float64 { return &c.Tracing.SampleRatio })},

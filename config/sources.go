@@ -273,11 +273,29 @@ func tableNames(tables []Table) []string {
 	return names
 }
 
-// GroupID is the consumer group the instances of this sources list share (fleet.group, else
-// outbox-cdc-fleet- and a hash of every source's name, database and slot).
+// DefaultGroup is fleet.group's default: the consumer group of the instances that share a sources
+// list, whatever the list holds, so that a change of the list keeps one group (and its pause states).
+// Fleets that share a Kafka cluster give each its own.
+const DefaultGroup = "outbox-cdc"
+
+// GroupID is the consumer group the instances of this sources list share: fleet.group, DefaultGroup
+// when it is not set.
 func (c *Config) GroupID() string {
 	if c.Fleet.Group != "" {
 		return c.Fleet.Group
+	}
+	return DefaultGroup
+}
+
+// CoordinationTopic is the fleet's state topic: outbox-cdc.fleet.<group>.
+func (c *Config) CoordinationTopic() string { return "outbox-cdc.fleet." + c.GroupID() }
+
+// LegacyCoordinationTopic is the state topic releases before 2026-12-08 used when fleet.group was not
+// set (the group outbox-cdc-fleet- and a hash of every source's name, database and slot), whose pause
+// states an upgrade carries over; empty when fleet.group is set (the group did not change).
+func (c *Config) LegacyCoordinationTopic() string {
+	if c.Fleet.Group != "" {
+		return ""
 	}
 	var ids []string
 	for _, s := range c.Sources() {
@@ -285,7 +303,18 @@ func (c *Config) GroupID() string {
 	}
 	slices.Sort(ids)
 	sum := sha256.Sum256([]byte(strings.Join(ids, "\n")))
-	return "outbox-cdc-fleet-" + hex.EncodeToString(sum[:6])
+	return "outbox-cdc.fleet.outbox-cdc-fleet-" + hex.EncodeToString(sum[:6])
+}
+
+// SourceIdentity is what the source streams, for the fleet's unit of assignment: its database's name
+// and its slot ("orders/orders_slot"). The host is left out, so that a host string changed in a
+// rolling update keeps the source's unit.
+func (c *Config) SourceIdentity() string {
+	db := ""
+	if pc, err := pgconn.ParseConfig(c.Postgres.URL); err == nil {
+		db = pc.Database
+	}
+	return db + "/" + c.Postgres.Slot
 }
 
 // databaseOf identifies the database a PostgreSQL URL connects to (host:port/database), or "" when

@@ -188,8 +188,10 @@ func TestExampleFleetLoads(t *testing.T) {
 	}
 }
 
-// TestGroupID: instances of one sources list derive one group, whatever the order of the list; a
-// different list another; fleet.group overrides it and must be a topic-name fragment.
+// TestGroupID: the instances share one group whatever their sources lists hold (a change of the list
+// keeps the group and its state); fleet.group overrides it and must be a topic-name fragment. The
+// earlier releases' group, named after the list, is known for the upgrade's carry-over, and a source's
+// identity leaves the host out.
 func TestGroupID(t *testing.T) {
 	load := func(doc string) *Config {
 		t.Helper()
@@ -203,11 +205,24 @@ func TestGroupID(t *testing.T) {
 	const b = "  - {name: b, postgres: {url: \"postgres://u@h/db2\"}}\n"
 	const head = "kafka: {brokers: [\"h:9092\"]}\nsources:\n"
 	ab, ba, aOnly := load(head+a+b).GroupID(), load(head+b+a).GroupID(), load(head+a).GroupID()
-	if ab != ba || ab == aOnly || !strings.HasPrefix(ab, "outbox-cdc-fleet-") {
-		t.Errorf("group ids %q, %q, %q: want one per sources list, independent of order", ab, ba, aOnly)
+	if ab != ba || ab != aOnly || ab != DefaultGroup {
+		t.Errorf("group ids %q, %q, %q: want %q whatever the list", ab, ba, aOnly, DefaultGroup)
 	}
-	if g := load("fleet: {group: payments}\n" + head + a).GroupID(); g != "payments" {
-		t.Errorf("fleet.group: got %q", g)
+	if c := load(head + a + b); c.CoordinationTopic() != "outbox-cdc.fleet.outbox-cdc" {
+		t.Errorf("coordination topic %q", c.CoordinationTopic())
+	}
+	lab, lba, laOnly := load(head+a+b).LegacyCoordinationTopic(), load(head+b+a).LegacyCoordinationTopic(), load(head+a).LegacyCoordinationTopic()
+	if lab != lba || lab == laOnly || !strings.HasPrefix(lab, "outbox-cdc.fleet.outbox-cdc-fleet-") {
+		t.Errorf("legacy topics %q, %q, %q: want the earlier releases' one per list", lab, lba, laOnly)
+	}
+	if g := load("fleet: {group: payments}\n" + head + a); g.GroupID() != "payments" || g.LegacyCoordinationTopic() != "" {
+		t.Errorf("fleet.group: got %q (legacy %q)", g.GroupID(), g.LegacyCoordinationTopic())
+	}
+	hostA := load(head + "  - {name: a, postgres: {url: \"postgres://u@h1:5432/db1\", slot: s1}}\n").Sources()[0]
+	hostB := load(head + "  - {name: a, postgres: {url: \"postgres://u@h2:6432/db1\", slot: s1}}\n").Sources()[0]
+	other := load(head + "  - {name: a, postgres: {url: \"postgres://u@h1:5432/db1\", slot: s2}}\n").Sources()[0]
+	if hostA.SourceIdentity() != "db1/s1" || hostA.SourceIdentity() != hostB.SourceIdentity() || other.SourceIdentity() == hostA.SourceIdentity() {
+		t.Errorf("identities %q, %q, %q: want the database and slot, not the host", hostA.SourceIdentity(), hostB.SourceIdentity(), other.SourceIdentity())
 	}
 	if _, err := loadYAML(t, "fleet: {group: \"bad group/x\"}\n"+head+a, nil); err == nil || !strings.Contains(err.Error(), "fleet.group") {
 		t.Errorf("a group id that cannot name a topic: %v", err)

@@ -103,6 +103,7 @@ kafka:
   record_timestamp: produce
 postgres: {status_interval: 2s, standby_poll_interval: 500ms}
 log: {format: json}
+fleet: {group: "` + f0.TopicPrefix + `"}
 shutdown_timeout: 20s
 sources:
 ` + entries.String()

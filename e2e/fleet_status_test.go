@@ -76,6 +76,7 @@ kafka:
   record_timestamp: produce
 postgres: {status_interval: 2s, standby_poll_interval: 500ms}
 log: {format: json}
+fleet: {group: "` + fa.TopicPrefix + `"}
 sources:
 ` + entries.String()
 	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {

@@ -38,6 +38,7 @@ kafka:
 postgres:
   status_interval: 2s
 log: {format: json}
+fleet: {group: "` + f.TopicPrefix + `"}
 metrics: {addr: "` + addr + `"}
 sources:
   - name: good

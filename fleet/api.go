@@ -2,12 +2,15 @@ package fleet
 
 import (
 	"context"
+	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -79,6 +82,9 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 		cancel()
 		if err != nil {
 			v.Problems = append(v.Problems, "owners unknown: "+f.scrub(err.Error()))
+		}
+		if p := f.coord.Problem(); p != "" {
+			v.Problems = append(v.Problems, f.scrub(p))
 		}
 	}
 	for _, r := range f.sources {
@@ -218,6 +224,19 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	},
 }).Parse(statusHTML))
 
+// APIOptions protect the fleet API: who may pause and resume, and under which names it answers.
+type APIOptions struct {
+	// TokenFile holds the credentials pause and resume need (metrics.admin_token_file): one per line,
+	// a token alone or name:token, the name being who the pause is recorded as. Read at every request,
+	// so that a rotated Secret takes effect at once. Empty: writes are taken from this host only
+	// (a loopback peer).
+	TokenFile string
+	// AllowedHosts are the host names, besides IP addresses and localhost, the API and the status page
+	// answer under (metrics.allowed_hosts; "*.example.com" for a domain's names): a request for any
+	// other Host is refused, so that a web page cannot reach the API through DNS rebinding.
+	AllowedHosts []string
+}
+
 // Handler serves the fleet API and the status page:
 //
 //	GET  /api/sources               the fleet as this instance sees it (View)
@@ -226,9 +245,11 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 //	POST /api/sources/{name}/resume resume it
 //	GET  /status                    the same for people, as an HTML page with pause and resume buttons
 //
-// POSTs from another site's page are refused (cross-origin protection), so that a page in the
-// operator's browser cannot pause a source.
-func (f *Fleet) Handler() http.Handler {
+// Pause and resume need a credential (APIOptions.TokenFile: a bearer token, or the page's token field)
+// or, without one, a request from this host; the pause is recorded under the credential's name, never
+// a name the request gives. POSTs from another site's page are refused (cross-origin protection), the
+// pages may not be framed, and a Host the API does not answer under is refused (DNS rebinding).
+func (f *Fleet) Handler(o APIOptions) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/sources", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, f.Snapshot(r.Context()))
@@ -245,11 +266,19 @@ func (f *Fleet) Handler() http.Handler {
 	for action, paused := range map[string]bool{"pause": true, "resume": false} {
 		mux.HandleFunc("POST /api/sources/{name}/"+action, func(w http.ResponseWriter, r *http.Request) {
 			name := r.PathValue("name")
-			by := r.FormValue("by")
-			if by == "" {
-				by = "fleet API from " + r.RemoteAddr
+			by, code, why := o.authorize(r)
+			if code != 0 {
+				if code == http.StatusUnauthorized {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-cdc"`)
+				}
+				f.log.Warn("fleet API: refused a request to "+action+" a source", "source", name, "remote", r.RemoteAddr, "reason", why)
+				writeJSON(w, code, map[string]string{"error": why})
+				return
 			}
 			err := f.SetPaused(r.Context(), name, paused, by)
+			if err == nil {
+				f.log.Info("fleet API: "+action+" requested", "source", name, "by", by, "remote", r.RemoteAddr)
+			}
 			if err == nil && strings.Contains(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
 				// The status page's button: back to the page.
 				http.Redirect(w, r, "/status", http.StatusSeeOther)
@@ -257,7 +286,7 @@ func (f *Fleet) Handler() http.Handler {
 			}
 			switch {
 			case err == nil:
-				writeJSON(w, http.StatusAccepted, map[string]any{"name": name, "paused": paused})
+				writeJSON(w, http.StatusAccepted, map[string]any{"name": name, "paused": paused, "by": by})
 			case errors.Is(err, errNoSource):
 				writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
 			case errors.Is(err, errNoCoordination):
@@ -269,11 +298,88 @@ func (f *Fleet) Handler() http.Handler {
 	}
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		if err := statusPage.Execute(w, f.Snapshot(r.Context())); err != nil {
+		page := struct {
+			View
+			NeedToken bool
+		}{f.Snapshot(r.Context()), o.TokenFile != ""}
+		if err := statusPage.Execute(w, page); err != nil {
 			f.log.Warn("status page", "error", err.Error())
 		}
 	})
-	return http.NewCrossOriginProtection().Handler(mux)
+	protected := http.NewCrossOriginProtection().Handler(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		// Never inside another site's frame (clickjacking the buttons), never cached, no sniffing.
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		if !o.hostAllowed(r.Host) {
+			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": fmt.Sprintf("the fleet API does not answer under the host %q: reach it by IP address or localhost, or add the name to metrics.allowed_hosts", r.Host)})
+			return
+		}
+		protected.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed reports whether the API answers under the request's Host: an IP address, localhost,
+// or one of AllowedHosts. A name a DNS-rebinding page made point at the instance is none of them.
+func (o APIOptions) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	if net.ParseIP(host) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	for _, a := range o.AllowedHosts {
+		a = strings.ToLower(strings.TrimSuffix(a, "."))
+		if host == a || (strings.HasPrefix(a, "*.") && strings.HasSuffix(host, a[1:])) {
+			return true
+		}
+	}
+	return false
+}
+
+// authorize says who asks for a pause or resume (by), or why they may not (an HTTP status and the
+// reason). With a token file, the request must carry one of its tokens (Authorization: Bearer, or the
+// status page's token field); without, it must come from this host.
+func (o APIOptions) authorize(r *http.Request) (by string, code int, why string) {
+	if o.TokenFile == "" {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
+			return "a request from this host (" + host + ")", 0, ""
+		}
+		return "", http.StatusForbidden, "pause and resume need a credential: set metrics.admin_token_file (the Helm chart's admin token) and send it as a bearer token, or ask from the instance's own host"
+	}
+	given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		given = r.PostFormValue("token")
+	}
+	given = strings.TrimSpace(given)
+	if given == "" {
+		return "", http.StatusUnauthorized, "pause and resume need the admin token (metrics.admin_token_file) as a bearer token"
+	}
+	data, err := os.ReadFile(o.TokenFile)
+	if err != nil {
+		return "", http.StatusServiceUnavailable, "metrics.admin_token_file cannot be read: " + err.Error()
+	}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, token, named := strings.Cut(line, ":")
+		if !named {
+			name, token = fmt.Sprintf("admin token %d", i+1), line
+		}
+		if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(given)) == 1 {
+			return strings.TrimSpace(name), 0, ""
+		}
+	}
+	return "", http.StatusUnauthorized, "the token is not one of metrics.admin_token_file's"
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

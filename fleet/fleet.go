@@ -121,12 +121,12 @@ func (f *Fleet) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	names := make([]string, len(f.sources))
+	members := make([]Member, len(f.sources))
 	for i, r := range f.sources {
-		names[i] = r.src.Config.Name
+		members[i] = Member{Name: r.src.Config.Name, Identity: r.src.Config.SourceIdentity()}
 	}
 	f.ctx = ctx
-	return f.coord.Run(ctx, names, f)
+	return f.coord.Run(ctx, members, f)
 }
 
 // Assigned implements Events: the source is this instance's, or no longer.
