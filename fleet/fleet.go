@@ -75,10 +75,16 @@ type running struct {
 	lastStart time.Time
 	cancel    context.CancelFunc // nil while the source is not started
 	done      chan struct{}
+	// watching is the slot monitor of a source paused while assigned here (nil otherwise): its lag
+	// and WAL status stay in the metrics while nothing streams it.
+	watching *watcher
 	assigned  bool  // the coordination gave it to this instance (always, without one)
 	pause     Pause // the operator's pause state (fleet-wide)
 	// change serializes starts and stops of this source (a stop waits for the pipeline).
 	change sync.Mutex
+	// release, with a coordination, steps this instance back from the source for a while, so that
+	// another instance may take it (a cause local to this instance: its configuration).
+	release func(time.Duration)
 }
 
 // New checks every source's pipeline configuration (routing rules) so that a mistake is refused at
@@ -95,6 +101,10 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources [
 			continue
 		}
 		f.sources = append(f.sources, r)
+		if coord != nil {
+			name := s.Config.Name
+			r.release = func(d time.Duration) { coord.Release(name, d) }
+		}
 		if coord == nil && w != nil {
 			// Without coordination every source is this instance's from the start: /readyz says
 			// "starting" for each until it streams, never "no source".
@@ -176,9 +186,15 @@ func (f *Fleet) reconcile(r *running) {
 	assigned, paused := r.assigned, r.pause.Paused
 	r.mu.Unlock()
 	if assigned && !paused {
+		r.unwatch()
 		f.start(f.ctx, r)
 	} else {
 		f.stop(r)
+		if assigned {
+			r.watch(f.ctx)
+		} else {
+			r.unwatch()
+		}
 	}
 	if f.watcher != nil {
 		if assigned {
@@ -239,9 +255,49 @@ func (f *Fleet) stopAll() {
 			r.change.Lock()
 			defer r.change.Unlock()
 			f.stop(r)
+			r.unwatch()
 		}()
 	}
 	wg.Wait()
+}
+
+// watcher is the slot monitor of a paused source (pipeline.Watch).
+type watcher struct {
+	p      *pipeline.Pipeline
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// watch starts watching the paused source's slot (no-op while it is watched).
+func (r *running) watch(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.watching != nil {
+		return
+	}
+	p, err := pipeline.New(r.src.Config, r.log, r.src.Options...)
+	if err != nil { // checked by New; cannot fail now
+		return
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w := &watcher{p: p, cancel: cancel, done: make(chan struct{})}
+	r.watching = w
+	go func() {
+		defer close(w.done)
+		p.Watch(wctx)
+	}()
+}
+
+// unwatch stops watching the source's slot (no-op when it is not watched).
+func (r *running) unwatch() {
+	r.mu.Lock()
+	w := r.watching
+	r.watching = nil
+	r.mu.Unlock()
+	if w != nil {
+		w.cancel()
+		<-w.done
+	}
 }
 
 // run runs one source's pipeline until ctx ends, starting a new one after a permanent failure.
@@ -258,7 +314,7 @@ func (r *running) run(ctx context.Context) {
 		if err == nil {
 			err = errors.New("the pipeline stopped without an error")
 		}
-		if !heals(err) {
+		if !heals(err) && !local(err) {
 			// A row, the outbox or the slot needs the operator: starting again would replay up to the
 			// same stop, again and again. Held until the process is restarted.
 			r.mu.Lock()
@@ -279,6 +335,10 @@ func (r *running) run(ctx context.Context) {
 		r.mu.Unlock()
 		r.log.Error("source stopped: retrying cannot fix this until it is fixed; the other sources go on, and this one starts again after the wait",
 			"error", err.Error(), "retry_in", wait.String())
+		if local(err) && r.release != nil {
+			// This instance's configuration is the cause: another instance's may not be.
+			go r.release(wait)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -299,15 +359,27 @@ func (r *running) run(ctx context.Context) {
 // it is not ready and says why and until when.
 func (r *running) health() pipeline.Health {
 	r.mu.Lock()
-	p, failed, retryAt, pause, running := r.p, r.failed, r.retryAt, r.pause, r.cancel != nil
+	p, failed, retryAt, pause, running, w := r.p, r.failed, r.retryAt, r.pause, r.cancel != nil, r.watching
 	r.mu.Unlock()
 	h := pipeline.Health{State: pipeline.StateStopped, NotReady: "stopped"}
 	if p != nil {
 		h = p.Health()
 	}
 	if pause.Paused && !running {
-		h.Paused, h.Ready, h.StandbyReady = true, false, false
-		h.NotReady = r.scrub(fmt.Sprintf("paused by %s at %s: stopped, its slot released; resume it to stream", orUnknown(pause.By), pause.At.UTC().Format(time.RFC3339)))
+		if w != nil {
+			h = w.p.Health() // the slot as its monitor reads it while paused
+		}
+		h.Paused, h.PausedSince, h.Ready, h.StandbyReady = true, pause.At, false, false
+		slot := "its slot released"
+		switch {
+		case h.SlotKnown && !h.Slot.Exists:
+			slot = "its slot is gone: recover with `outbox-cdc resync`"
+		case h.SlotKnown && h.Slot.WALStatus == "lost":
+			slot = "its slot is lost (WAL it needed was removed): recover with `outbox-cdc resync`"
+		case h.SlotKnown:
+			slot = fmt.Sprintf("its slot released, %d bytes of WAL behind", h.Slot.LagBytes)
+		}
+		h.NotReady = r.scrub(fmt.Sprintf("paused by %s at %s: stopped, %s; resume it to stream", orUnknown(pause.By), pause.At.UTC().Format(time.RFC3339), slot))
 		return h
 	}
 	if failed != nil {
@@ -326,6 +398,14 @@ func orUnknown(s string) string {
 		return "an operator"
 	}
 	return s
+}
+
+// local reports a permanent error whose cause is this instance's own configuration — the
+// publication carries a table this instance does not list (a rolling update that added it) — which
+// another instance of the fleet may not share: the source is offered to the others meanwhile, and
+// tried again here after the wait.
+func local(err error) bool {
+	return errors.Is(err, replication.ErrUnlistedTable)
 }
 
 // heals reports a permanent error of a source that may go away without the operator touching the

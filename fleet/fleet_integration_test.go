@@ -8,9 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/fleet"
@@ -129,5 +133,92 @@ func TestOneSourceDownOthersStream(t *testing.T) {
 	testenv.WaitFor(t, 60*time.Second, "s2 ready again", func() bool {
 		code, _ := readyz(t, h, "s2")
 		return code == http.StatusOK
+	})
+}
+
+// metricsText scrapes h's /metrics.
+func metricsText(t *testing.T, h http.Handler) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	return rec.Body.String()
+}
+
+// TestPausedSourceIsWatched: a source paused through the coordination stops streaming and releases its
+// slot, but its slot is still watched by the instance assigned it: the lag grows in /metrics with
+// rows written meanwhile, the pause's time is there for the alert, and a slot dropped while paused
+// is reported as gone. Resumed, it delivers what was written during the pause.
+func TestPausedSourceIsWatched(t *testing.T) {
+	f := testenv.NewFixture(t)
+	m := metrics.New()
+	group := "test-paused-" + strings.ReplaceAll(f.Slot, "_", "-")
+	coord := &fleet.Coordinator{
+		Group: group, Topic: "outbox-cdc.fleet." + group, Instance: "one", SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 30 * time.Second, ReplicationFactor: -1, ClientOpts: []kgo.Opt{kgo.SeedBrokers(f.Brokers...)}, Log: testLogger(),
+	}
+	fl, err := fleet.New(testLogger(), m, func(s string) string { return s }, coord,
+		[]fleet.Source{{Config: sourceConfig("orders", f), Options: []pipeline.Option{pipeline.WithObserver(m.Source("orders"))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fl.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	h := m.Handler()
+	testenv.WaitFor(t, 60*time.Second, "orders streaming", func() bool { code, _ := readyz(t, h, "orders"); return code == http.StatusOK })
+	if err := fl.SetPaused(ctx, "orders", true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "orders paused, its slot released", func() bool {
+		var active bool
+		if err := f.DB.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, f.Slot).Scan(&active); err != nil {
+			t.Fatal(err)
+		}
+		return !active && strings.Contains(metricsText(t, h), `outbox_cdc_role{role="paused",source="orders"} 1`)
+	})
+	gen := testenv.NewGenerator(5, "Placed")
+	written := testenv.Preload(t, f, gen, 300)
+	lagRE := regexp.MustCompile(`(?m)^outbox_cdc_slot_lag_bytes\{source="orders"\} ([0-9.e+]+)$`)
+	testenv.WaitFor(t, 30*time.Second, "the paused slot's lag in /metrics, growing with what was written", func() bool {
+		mm := lagRE.FindStringSubmatch(metricsText(t, h))
+		if mm == nil {
+			return false
+		}
+		lag, _ := strconv.ParseFloat(mm[1], 64)
+		return lag > 10_000
+	})
+	text := metricsText(t, h)
+	for _, want := range []string{`outbox_cdc_paused_since_timestamp_seconds{source="orders"}`, `outbox_cdc_slot_wal_status{source="orders",status="reserved"} 1`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics of the paused source lacks %s", want)
+		}
+	}
+
+	// Resumed: everything written during the pause arrives.
+	if err := fl.SetPaused(ctx, "orders", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	recs := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Placed"), len(written), 60*time.Second, testenv.ConsumerOpts()...)
+	testenv.VerifyDelivery(t, f, written, recs)
+
+	// Paused again, and its slot dropped meanwhile: reported as gone, not as a quiet pause.
+	if err := fl.SetPaused(ctx, "orders", true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the slot released again", func() bool {
+		var active bool
+		_ = f.DB.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, f.Slot).Scan(&active)
+		return !active && strings.Contains(metricsText(t, h), `outbox_cdc_role{role="paused",source="orders"} 1`)
+	})
+	if _, err := f.DB.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.Slot); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the dropped slot reported", func() bool {
+		_, body := readyz(t, h, "orders")
+		return strings.Contains(metricsText(t, h), `outbox_cdc_slot_wal_status{source="orders",status="missing"} 1`) && strings.Contains(body, "slot is gone")
 	})
 }

@@ -31,4 +31,9 @@ func TestHeals(t *testing.T) {
 			t.Errorf("heals(%v) = %t, want %t", tt.err, got, tt.want)
 		}
 	}
+	// A table this instance's configuration lacks: offered to the other instances, tried again later.
+	unlisted := fmt.Errorf("%w: %w: an insert into public.b", replication.ErrOutboxChanged, replication.ErrUnlistedTable)
+	if !local(unlisted) || local(errors.New("the outbox table changed under the stream")) {
+		t.Error("local() misjudges a table this instance does not list")
+	}
 }

@@ -346,6 +346,7 @@ var (
 	descWALStatus    = desc("slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost, missing, or unknown while the monitor has no recent observation).", "status")
 	descMonErrors    = desc("slot_monitor_errors_total", "Polls of pg_replication_slots that failed (each leaves the slot's state unknown).")
 	descMonSuccess   = desc("slot_monitor_last_success_timestamp_seconds", "When the slot monitor last read the slot (Unix time); absent before the first success.")
+	descPausedSince  = desc("paused_since_timestamp_seconds", "When the source was paused through the fleet API (Unix seconds); absent while it is not paused. Its slot is still watched: slot_lag_bytes and slot_wal_status stay known.")
 	descSlotActive   = desc("slot_active", "1 when pg_replication_slots shows a walsender on the slot (this instance or another), 0 when none; absent while unknown.")
 	descSilence      = desc("server_silence_seconds", "Time since the replication connection last heard from PostgreSQL; absent without a session.")
 	descTxns         = desc("kafka_transactions_total", "Kafka transactions of the exactly-once mode, by result: committed or aborted.", "result")
@@ -358,7 +359,7 @@ var (
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
 		descInFlightRecs, descInFlightWin, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
-		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped, descPhantomRisk} {
+		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped, descPhantomRisk, descPausedSince} {
 		ch <- d
 	}
 }
@@ -417,6 +418,9 @@ func collectSource(ch chan<- prometheus.Metric, source string, s pipeline.Health
 	counter(descMonErrors, float64(s.SlotMonitorErrors))
 	if !s.SlotMonitorLastSuccess.IsZero() {
 		gauge(descMonSuccess, float64(s.SlotMonitorLastSuccess.UnixNano())/1e9)
+	}
+	if s.Paused && !s.PausedSince.IsZero() {
+		gauge(descPausedSince, float64(s.PausedSince.UnixNano())/1e9)
 	}
 	role := "starting"
 	switch {

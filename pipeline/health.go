@@ -67,8 +67,10 @@ type Health struct {
 	// Warnings are risks the operator should know of that do not make the pipeline unready.
 	Warnings []string
 	// Paused is true while an operator has paused the source (the fleet API): its pipeline is stopped,
-	// its slot released, on purpose; readiness does not count it.
-	Paused bool
+	// its slot released, on purpose; readiness does not count it. PausedSince is when it was paused.
+	// The slot is still watched meanwhile (Watch): its lag and WAL status stay known.
+	Paused      bool
+	PausedSince time.Time
 	// LastError is the last failure that ended a session or stopped the pipeline (as it was logged:
 	// scrub it before showing it), at LastErrorAt; empty before the first.
 	LastError   string
@@ -245,6 +247,14 @@ const (
 	slotTimeout      = 4 * time.Second
 	slotStale        = 3 * slotPollInterval
 )
+
+// Watch reads the slot's state every few seconds until ctx ends, without streaming: the monitor of a
+// source that does not stream here (paused), so that its lag, WAL status and a loss stay known —
+// the WAL it pins grows while nothing reads the slot. Health reports what it read.
+func (p *Pipeline) Watch(ctx context.Context) {
+	p.state.Store(int32(StateStopped))
+	p.pollSlot(ctx, nil)
+}
 
 // pollSlot reads the slot's status until ctx ends, on its own connection, also while on standby: every
 // slotPollInterval, and at once when poke receives. A failed poll makes the status unknown and is

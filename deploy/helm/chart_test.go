@@ -385,6 +385,11 @@ sources:
 		}
 	}
 
+	// The fleet's group is the release, whatever its sources list holds.
+	if cfg.Fleet.Group != "prod-outbox-cdc" {
+		t.Errorf("fleet.group %q, want the release's name", cfg.Fleet.Group)
+	}
+
 	for name, bad := range map[string]string{
 		"a password in a source URL": "sources[0].config.postgres.url=postgres://u:pw@h:5432/db",
 		"a key a source cannot set":  "sources[0].config.log.level=debug",
@@ -392,5 +397,41 @@ sources:
 		if out, err := helm(t, "template", "prod", "outbox-cdc", "-f", values, "--set", bad); err == nil {
 			t.Errorf("%s: rendered; want a refusal\n%s", name, out)
 		}
+	}
+}
+
+// TestChartProtectsTheAdminAPI: the admin token Secret is mounted and named by
+// metrics.admin_token_file, and a NetworkPolicy admits the metrics port from the release's namespace
+// and the monitoring namespace only.
+func TestChartProtectsTheAdminAPI(t *testing.T) {
+	objs := render(t, "secrets.adminToken.name=ops-admin")
+	text, err := yaml.Marshal(objs["Deployment"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"secretName: ops-admin", "mountPath: /etc/outbox-cdc-admin"} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("the Deployment lacks %q", want)
+		}
+	}
+	cfgText := objs["ConfigMap"].get("data", "outbox-cdc.yaml").(string)
+	if !strings.Contains(cfgText, "admin_token_file: /etc/outbox-cdc-admin/admin-token") {
+		t.Errorf("the configuration does not name the token file:\n%s", cfgText)
+	}
+	np, ok := objs["NetworkPolicy"]
+	if !ok {
+		t.Fatal("no NetworkPolicy")
+	}
+	npText, err := yaml.Marshal(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"port: metrics", "podSelector: {}", "kubernetes.io/metadata.name: monitoring", "- Ingress"} {
+		if !strings.Contains(string(npText), want) {
+			t.Errorf("the NetworkPolicy lacks %q:\n%s", want, npText)
+		}
+	}
+	if _, ok := render(t, "networkPolicy.enabled=false")["NetworkPolicy"]; ok {
+		t.Error("networkPolicy.enabled=false still renders one")
 	}
 }

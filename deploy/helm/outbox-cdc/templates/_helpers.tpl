@@ -71,6 +71,15 @@ its password as a file mounted from its Secret); the top-level postgres.url is t
 {{- $list = append $list $s -}}
 {{- end -}}
 {{- $_ := set $cfg "sources" $list -}}
+{{- /* The fleet's group is the release: stable whatever the list holds, one per release. */ -}}
+{{- $fleet := deepCopy ($cfg.fleet | default dict) -}}
+{{- if not $fleet.group -}}{{- $_ := set $fleet "group" (include "outbox-cdc.fullname" .) -}}{{- end -}}
+{{- $_ := set $cfg "fleet" $fleet -}}
+{{- end -}}
+{{- if .Values.secrets.adminToken.name -}}
+{{- $m := deepCopy ($cfg.metrics | default dict) -}}
+{{- $_ := set $m "admin_token_file" (printf "/etc/outbox-cdc-admin/%s" .Values.secrets.adminToken.key) -}}
+{{- $_ := set $cfg "metrics" $m -}}
 {{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
