@@ -78,8 +78,8 @@ type running struct {
 	// watching is the slot monitor of a source paused while assigned here (nil otherwise): its lag
 	// and WAL status stay in the metrics while nothing streams it.
 	watching *watcher
-	assigned  bool  // the coordination gave it to this instance (always, without one)
-	pause     Pause // the operator's pause state (fleet-wide)
+	assigned bool  // the coordination gave it to this instance (always, without one)
+	pause    Pause // the operator's pause state (fleet-wide)
 	// change serializes starts and stops of this source (a stop waits for the pipeline).
 	change sync.Mutex
 	// release, with a coordination, steps this instance back from the source for a while, so that
