@@ -144,6 +144,8 @@ Environment variables:
 			}
 			var members []fleet.Source
 			names := make([]string, 0, len(sources))
+			// The sources' bytes in flight together, beside each one's limits: the process's bound.
+			common = append(common, pipeline.WithBudget(router.NewBudget(cfg.Fleet.MaxInFlightBytes)))
 			for _, s := range sources {
 				members = append(members, fleet.Source{Config: s, Options: append([]pipeline.Option{pipeline.WithObserver(m.Source(s.Name))}, common...)})
 				names = append(names, s.Name)

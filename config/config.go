@@ -81,6 +81,10 @@ type Fleet struct {
 	// SessionTimeout is how long an instance may go silent before its sources move to the others
 	// (Kafka's session.timeout.ms, within the broker's group.min/max.session.timeout.ms).
 	SessionTimeout time.Duration `yaml:"session_timeout"`
+	// MaxInFlightBytes caps the bytes in flight of all the sources of the process together (each
+	// also keeps its own limits.max_inflight_bytes): the process's memory is bounded by it, however
+	// many sources are busy at once. A source with nothing in flight always gets one record through.
+	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
 }
 
 // The values of fleet.coordination.
@@ -468,7 +472,7 @@ func Default() Config {
 		Log:             Log{Level: "info", Format: "auto"},
 		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
 		Tracing:         Tracing{ServiceName: "outbox-cdc"},
-		Fleet:           Fleet{Coordination: FleetKafka, SessionTimeout: 6 * time.Second},
+		Fleet:           Fleet{Coordination: FleetKafka, SessionTimeout: 6 * time.Second, MaxInFlightBytes: 64 << 20},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -774,6 +778,9 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	}
 	if g := c.Fleet.Group; g != "" && !regexp.MustCompile(`^[A-Za-z0-9._-]{1,150}$`).MatchString(g) {
 		bad("fleet.group", "must be at most 150 letters, digits, '.', '_' and '-' (it names the coordination topics outbox-cdc.fleet.<group> and outbox-cdc.fleet.<group>.<source>.<hash>), got %q", g)
+	}
+	if c.Fleet.MaxInFlightBytes < 1<<20 {
+		bad("fleet.max_inflight_bytes", "must be at least 1 MiB (1048576), got %d", c.Fleet.MaxInFlightBytes)
 	}
 	if c.Fleet.SessionTimeout < time.Second || c.Fleet.SessionTimeout > 5*time.Minute {
 		bad("fleet.session_timeout", "must be between 1s and 5m (and within the broker's group.min/max.session.timeout.ms), got %s", c.Fleet.SessionTimeout)

@@ -178,6 +178,7 @@ var settings = []setting{
 	{"fleet.coordination", "OUTBOX_CDC_FLEET_COORDINATION", "", "", str(func(c *Config) *string { return &c.Fleet.Coordination })},
 	{"fleet.group", "OUTBOX_CDC_FLEET_GROUP", "", "", str(func(c *Config) *string { return &c.Fleet.Group })},
 	{"fleet.instance", "OUTBOX_CDC_FLEET_INSTANCE", "", "", str(func(c *Config) *string { return &c.Fleet.Instance })},
+	{"fleet.max_inflight_bytes", "OUTBOX_CDC_FLEET_MAX_INFLIGHT_BYTES", "", "", integer(func(c *Config) *int64 { return &c.Fleet.MaxInFlightBytes })},
 	{"fleet.session_timeout", "OUTBOX_CDC_FLEET_SESSION_TIMEOUT", "", "", duration(func(c *Config) *time.Duration { return &c.Fleet.SessionTimeout })},
 }
 

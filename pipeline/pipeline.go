@@ -51,6 +51,8 @@ type Pipeline struct {
 	skippedRows atomic.Int64
 	// tracer, if not nil, records the records' spans.
 	tracer trace.Tracer
+	// budget, if not nil, is the process's in-flight budget, shared with the other sources.
+	budget *router.Budget
 	// rowsPerPart, when not zero, replaces rowsPerPart (tests read small tables in parts).
 	rowsPerPart int64
 }
@@ -66,6 +68,12 @@ func WithObserver(o router.Observer) Option {
 // WithTracer has the router record a producer span per record with t (tracing.otlp_endpoint).
 func WithTracer(t trace.Tracer) Option {
 	return func(p *Pipeline) { p.tracer = t }
+}
+
+// WithBudget has the pipeline's routers share the process's in-flight budget b with the other
+// sources (fleet.max_inflight_bytes), beside its own limits.
+func WithBudget(b *router.Budget) Option {
+	return func(p *Pipeline) { p.budget = b }
 }
 
 // WithAcceptGap lets the exactly-once mode start from a slot that stands ahead of the last checkpoint
@@ -1000,7 +1008,7 @@ func (p *Pipeline) newRouter(ctx context.Context, adjust ...func(*router.Options
 	cfg := p.cfg
 	opts := router.Options{
 		Kafka: cfg.Kafka, Rules: p.rules, TableRules: p.tableRules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
-		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer,
+		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer, Budget: p.budget,
 	}
 	for _, f := range adjust {
 		f(&opts)

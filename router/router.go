@@ -42,6 +42,9 @@ type Options struct {
 	DLQTopic string
 	// Limits cap what is handed to Kafka and not yet acknowledged.
 	Limits config.Limits
+	// Budget, if not nil, caps the bytes in flight of every router that shares it (a fleet's
+	// sources) beside Limits.
+	Budget *Budget
 	// IsolateUntil, when not zero, has every row whose Source.CommitLSN is at or below it produced
 	// alone: one record in flight, in a batch of its own. A previous session's batch that Kafka
 	// rejected is replayed this way, so that only the record at fault is dead-lettered.
@@ -310,7 +313,7 @@ func New(opts Options) (*Router, error) {
 		alone:    alone,
 		admin:    kadm.NewClient(client),
 		log:      opts.Logger,
-		limiter:  newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes),
+		limiter:  newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes, opts.Budget),
 		topics:   topics,
 		preps:    make(map[string]*topicPrep),
 		keyHeld:  make(map[string]int),

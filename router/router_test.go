@@ -491,7 +491,7 @@ func TestSourcePosition(t *testing.T) {
 }
 
 func TestLimiter(t *testing.T) {
-	l := newLimiter(0, 2, 100)
+	l := newLimiter(0, 2, 100, nil)
 	ctx := context.Background()
 	if err := l.Acquire(ctx, 60); err != nil {
 		t.Fatal(err)
@@ -521,7 +521,7 @@ func TestLimiter(t *testing.T) {
 		t.Fatalf("in flight %d records %d bytes, want 2, 41", r, b)
 	}
 	// A record over the byte cap still goes when nothing else is in flight.
-	l2 := newLimiter(0, 5, 10)
+	l2 := newLimiter(0, 5, 10, nil)
 	if err := l2.Acquire(ctx, 1000); err != nil {
 		t.Fatal(err)
 	}

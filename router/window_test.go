@@ -123,7 +123,7 @@ func TestWindowStaysWithinItsBounds(t *testing.T) {
 // that a fixed window (min at max) is the cap.
 func TestLimiterWindowCapsRecords(t *testing.T) {
 	for _, tc := range []struct{ min, max, want int }{{100, 1000, 100}, {1000, 1000, 1000}, {5000, 1000, 1000}, {0, 7, 7}} {
-		l := newLimiter(tc.min, tc.max, 1<<30)
+		l := newLimiter(tc.min, tc.max, 1<<30, nil)
 		for i := 0; i < tc.want; i++ {
 			if !l.take(1, false) {
 				t.Fatalf("min %d max %d: record %d refused, want %d admitted", tc.min, tc.max, i+1, tc.want)
