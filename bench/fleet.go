@@ -33,11 +33,11 @@ type fleetRow struct {
 // publication and slot in the bench database): RSS, PostgreSQL connections and CPU while idle and
 // under a steady load spread over the sources; then the drain of one backlog held by 1 source against
 // the same backlog spread over 4.
-func runFleet(c config, adminURL string, counts []int, rate int, drainEvents int) error {
+func runFleet(c config, adminURL string, counts []int, rate int, drainEvents int, budgets []string, runs int) error {
 	ctx := context.Background()
 	var rows []fleetRow
 	for _, n := range counts {
-		row, err := fleetOnce(ctx, c, adminURL, n, rate, 0)
+		row, err := fleetOnce(ctx, c, adminURL, n, rate, 0, "")
 		if err != nil {
 			return fmt.Errorf("%d sources: %w", n, err)
 		}
@@ -45,11 +45,16 @@ func runFleet(c config, adminURL string, counts []int, rate int, drainEvents int
 	}
 	var drains []fleetRow
 	for _, busy := range []int{1, 4} {
-		row, err := fleetOnce(ctx, c, adminURL, busy, 0, drainEvents)
+		row, err := fleetOnce(ctx, c, adminURL, busy, 0, drainEvents, "")
 		if err != nil {
 			return fmt.Errorf("drain over %d sources: %w", busy, err)
 		}
 		drains = append(drains, row)
+	}
+	if len(budgets) > 0 {
+		if err := fleetBudgets(ctx, c, adminURL, drainEvents, budgets, runs); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("fleet: one process, n sources (each its own table, publication and slot); idle for 10 s, then %d events/s spread over the sources for 10 s\n\n", rate)
 	fmt.Println("| sources | all ready after (s) | RSS idle (MB) | RSS per source idle (MB) | PostgreSQL connections (walsenders) | CPU idle (% of a core) | peak RSS under load (MB) | CPU under load (% of a core) |")
@@ -76,7 +81,7 @@ func runFleet(c config, adminURL string, counts []int, rate int, drainEvents int
 
 // fleetOnce runs one process over n fresh sources: with drain > 0, drain events written beforehand
 // spread over them, timed; otherwise the idle and load measurements.
-func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain int) (row fleetRow, err error) {
+func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain int, budget string) (row fleetRow, err error) {
 	row = fleetRow{sources: n, drainBusy: n, drainEvents: drain}
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
@@ -155,6 +160,9 @@ func fleetOnce(ctx context.Context, c config, adminURL string, n, rate, drain in
 	defer os.Remove(cfgFile)
 	cmd := exec.Command(c.binary, "run", "--config", cfgFile)
 	cmd.Stderr = os.Stderr
+	if budget != "" {
+		cmd.Env = append(os.Environ(), "OUTBOX_CDC_FLEET_MAX_INFLIGHT_BYTES="+budget)
+	}
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		return row, err
@@ -271,4 +279,31 @@ func currentRSS(pid int) int64 { return procStatusKB(pid, "VmRSS:") }
 func quoted(table string) string {
 	schema, name, _ := strings.Cut(table, ".")
 	return pgx.Identifier{schema, name}.Sanitize()
+}
+
+// fleetBudgets drains the backlog over 4 busy sources with each process-wide in-flight budget
+// (fleet.max_inflight_bytes) in turn, runs times, and prints the medians side by side: the drain and
+// the peak RSS each budget gives.
+func fleetBudgets(ctx context.Context, c config, adminURL string, drain int, budgets []string, runs int) error {
+	type result struct{ rates, rss []float64 }
+	res := make([]result, len(budgets))
+	for run := range runs {
+		for i, b := range budgets {
+			row, err := fleetOnce(ctx, c, adminURL, 4, 0, drain, b)
+			if err != nil {
+				return fmt.Errorf("drain over 4 sources with fleet.max_inflight_bytes %s: %w", b, err)
+			}
+			res[i].rates = append(res[i].rates, row.drainRate)
+			res[i].rss = append(res[i].rss, row.loadRSS)
+			fmt.Fprintf(os.Stderr, "bench: run %d, budget %s: %.0f events/s, peak RSS %.1f MB\n", run+1, b, row.drainRate, row.loadRSS)
+		}
+	}
+	fmt.Printf("\nprocess-wide in-flight budget: %d events over 4 busy sources, medians of %d runs, side by side\n\n", drain, runs)
+	fmt.Println("| fleet.max_inflight_bytes | drain (events/s) | ratio | peak RSS (MB) | runs (MB) |")
+	fmt.Println("|---|---|---|---|---|")
+	base := median(res[0].rates)
+	for i, b := range budgets {
+		fmt.Printf("| %s | %.0f | %.2f | %.1f | %v |\n", b, median(res[i].rates), median(res[i].rates)/base, median(res[i].rss), res[i].rss)
+	}
+	return nil
 }

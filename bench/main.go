@@ -60,6 +60,7 @@ func main() {
 	flag.StringVar(&txSizes, "tx-sizes", "1,10,100,1000,10000", "throughput sweep: rows per transaction (empty skips)")
 	flag.IntVar(&c.sweepEvents, "sweep-events", 50000, "throughput sweep: events per point (fewer for large payloads)")
 	runs := flag.Int("runs", 3, "runs; medians are reported")
+	fleetBudget := flag.String("fleet-budgets", "", "with -fleet: also drain -events over 4 busy sources with each of these fleet.max_inflight_bytes (bytes, comma-separated; e.g. 67108864,1099511627776 for the default against none), -runs times, side by side")
 	fleetCounts := flag.String("fleet", "", "instead of the rest: one process with each of these numbers of sources (e.g. 1,10,50): RSS, connections and CPU idle and under -rate events/s, and the drain of -events over 1 and 4 sources")
 	inboxEvents := flag.Int("inbox", 0, "instead of the rest: package inbox's throughput on this many events, beside a bare consumer running the same insert")
 	var sc scaleConfig
@@ -121,7 +122,13 @@ func main() {
 	if *fleetCounts != "" {
 		counts, err := intList("fleet", *fleetCounts)
 		if err == nil {
-			err = runFleet(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], counts, c.rate, c.events)
+			var budgets []string
+			for _, b := range strings.Split(*fleetBudget, ",") {
+				if b = strings.TrimSpace(b); b != "" {
+					budgets = append(budgets, b)
+				}
+			}
+			err = runFleet(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], counts, c.rate, c.events, budgets, *runs)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)

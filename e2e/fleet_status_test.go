@@ -59,14 +59,19 @@ func sourceIn(v fleet.View, name string) fleet.SourceView {
 // other streams: that instance stops it and releases its slot (its readiness stays true, its role is
 // paused); killed, it hands the source over still paused; Resume in the page starts it again and
 // every event — written before, during and after the pause — arrives, in order. A POST from another
-// site is refused.
+// site is refused. A third source, gamma, is held (its outbox table is not in its publication, which
+// the router may not change): the page shows it held with its reason and its retry, beside the
+// paused one (the screenshot).
 func TestFleetStatusPage(t *testing.T) {
-	fa, fb := testenv.NewFixture(t), testenv.NewFixture(t)
+	fa, fb, fc := testenv.NewFixture(t), testenv.NewFixture(t), testenv.NewFixture(t)
+	if _, err := fc.DB.Exec(context.Background(), "ALTER PUBLICATION "+fc.Publication+" DROP TABLE "+fc.Table); err != nil {
+		t.Fatal(err)
+	}
 	cfgFile := filepath.Join(t.TempDir(), "fleet.yaml")
 	var entries strings.Builder
-	for name, f := range map[string]*testenv.Fixture{"alpha": fa, "beta": fb} {
-		fmt.Fprintf(&entries, "  - name: %s\n    postgres: {url: %q, table: %s, slot: %s, publication: %s}\n    routing: {topic: %q}\n",
-			name, f.PostgresURL, f.Table, f.Slot, f.Publication, f.TopicPrefix+".{event_type}")
+	for name, f := range map[string]*testenv.Fixture{"alpha": fa, "beta": fb, "gamma": fc} {
+		fmt.Fprintf(&entries, "  - name: %s\n    postgres: {url: %q, table: %s, slot: %s, publication: %s, create_publication: %t}\n    routing: {topic: %q}\n",
+			name, f.PostgresURL, f.Table, f.Slot, f.Publication, name != "gamma", f.TopicPrefix+".{event_type}")
 	}
 	doc := `
 kafka:
@@ -88,19 +93,32 @@ sources:
 		return &fleetInstance{r: startRouter(t, env), addr: addr}
 	}
 	x, y := start("instance-x"), start("instance-y")
-	testenv.WaitFor(t, 60*time.Second, "each instance streaming one source", func() bool {
-		return len(x.active(t)) == 1 && len(y.active(t)) == 1
+	testenv.WaitFor(t, 60*time.Second, "alpha and beta streaming, gamma held", func() bool {
+		if len(x.active(t))+len(y.active(t)) != 2 {
+			return false
+		}
+		for _, in := range []*fleetInstance{x, y} {
+			if g := sourceIn(apiView(t, in.addr), "gamma"); g.Here {
+				return g.State == "failed" && strings.Contains(g.Reason, "ADD TABLE")
+			}
+		}
+		return false
 	})
+	// y is the instance that streams the target, x the other one, whose page pauses it.
+	xName, yName := "instance-x", "instance-y"
+	if len(y.active(t)) == 0 {
+		x, y, xName, yName = y, x, yName, xName
+	}
 	target := y.active(t)[0] // paused from x's page, though y streams it
 	fixture := map[string]*testenv.Fixture{"alpha": fa, "beta": fb}[target]
 	gen := testenv.NewGenerator(6, "Booked")
 	written := testenv.Preload(t, fixture, gen, 100)
 
 	v := apiView(t, x.addr)
-	if s := sourceIn(v, target); s.Owner != "instance-y" || s.Here || s.State != "elsewhere" {
+	if s := sourceIn(v, target); s.Owner != yName || s.Here || s.State != "elsewhere" {
 		t.Errorf("x's view of %s: %+v, want owned by instance-y, elsewhere", target, s)
 	}
-	if v.Instance != "instance-x" || len(v.Sources) != 2 {
+	if v.Instance != xName || len(v.Sources) != 3 {
 		t.Errorf("x's view: instance %q, %d sources", v.Instance, len(v.Sources))
 	}
 
@@ -127,7 +145,7 @@ sources:
 	testenv.WaitFor(t, 30*time.Second, "y stopping the paused source, its slot released", func() bool {
 		return !slotActive() && sourceIn(apiView(t, y.addr), target).State == "paused"
 	})
-	if code, body := httpGet(t, y.addr, "/readyz"); code != 200 || !strings.Contains(body, "paused") {
+	if code, body := httpGet(t, y.addr, "/readyz?source="+target); code != 200 || !strings.Contains(body, "paused") {
 		t.Errorf("y's /readyz with a paused source = %d %q, want 200 saying paused", code, body)
 	}
 	if _, m := httpGet(t, y.addr, "/metrics"); !strings.Contains(m, fmt.Sprintf(`outbox_cdc_role{role="paused",source=%q} 1`, target)) {

@@ -31,6 +31,7 @@ var fleetActiveRE = regexp.MustCompile(`(?m)^outbox_cdc_role\{role="active",sour
 type fleetProc struct {
 	*routerProc
 	metrics string
+	lists   map[string]bool // the sources its configuration lists
 }
 
 // active returns the sources the instance streams (none when it does not answer).
@@ -55,9 +56,13 @@ func (p *fleetProc) active() []string {
 }
 
 // runFleet is the fleet mode: n sources (tables of the local database; the first with a second
-// outbox table in its tables list) shared by three instances through the consumer group, written to all the while, and an instance killed (SIGKILL, or SIGTERM
-// one time in four) and replaced every o.every. Each time it measures how long until every source
-// streams again; at the end it checks every source's events as the single-router mode does.
+// outbox table in its tables list) shared by three instances through the consumer group, written to
+// all the while, and an instance killed (SIGKILL, or SIGTERM one time in four) and replaced every
+// o.every. Half way through, a rolling configuration change begins: the last source is removed (its
+// writers stop and it is caught up first) and a new one added (its slot made at the start, its writers
+// on from the start), and every replacement from then on runs the new list beside the old instances
+// still alive. Each time it measures how long until every source a live instance lists streams on
+// exactly one of them; at the end it checks every source's events as the single-router mode does.
 func runFleet(ctx context.Context, o options, n int) (bool, error) {
 	e, err := env()
 	if err != nil {
@@ -71,8 +76,8 @@ func runFleet(ctx context.Context, o options, n int) (bool, error) {
 	per.rate = max(o.rate/n, 2)
 	var sources []*suite
 	var extra *suite // s0's second outbox table
-	var entries strings.Builder
-	for i := range n {
+	var entries []string
+	for i := range n + 1 { // the last one is added in the rolling change
 		s := &suite{o: per, pgURL: e["OUTBOX_CDC_POSTGRES"], adminURL: e["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], brokers: strings.Split(e["OUTBOX_CDC_BROKERS"], ","),
 			table: fmt.Sprintf("public.chaos_%s_%d", id, i), pub: fmt.Sprintf("chaos_%s_%d", id, i), slot: fmt.Sprintf("chaos_%s_%d", id, i),
 			pfx: fmt.Sprintf("chaos-%s-%d", id, i), faults: map[string]int{}}
@@ -100,22 +105,59 @@ func runFleet(ctx context.Context, o options, n int) (bool, error) {
 			tables = fmt.Sprintf(", tables: [{table: %s, routing: {topic: %q}}]", x.table, x.pfx+".{event_type}")
 			extra = x
 		}
-		fmt.Fprintf(&entries, "  - {name: s%d, postgres: {url: %q, table: %s, slot: %s, publication: %s}, routing: {topic: %q}%s}\n",
-			i, s.pgURL, s.table, s.slot, s.pub, s.pfx+".{event_type}", tables)
+		entries = append(entries, fmt.Sprintf("  - {name: s%d, postgres: {url: %q, table: %s, slot: %s, publication: %s}, routing: {topic: %q}%s}\n",
+			i, s.pgURL, s.table, s.slot, s.pub, s.pfx+".{event_type}", tables))
+	}
+	// The added source's slot exists from the start (as init makes it), so that what is written
+	// before an instance with the new list streams it waits in the slot.
+	added, removed := sources[n], sources[n-1]
+	if err := added.admin(ctx, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, added.slot)
+		return err
+	}); err != nil {
+		return false, err
 	}
 	// Written and checked like a source of its own.
 	written := append(slices.Clone(sources), extra)
-	cfgFile := filepath.Join(".dev/chaos", id+".fleet.yaml")
-	doc := fmt.Sprintf(`kafka: {brokers: [%q], delivery: %s, checkpoint_topic: chaos-%s.checkpoints, record_timestamp: produce}
+	names := func(list []int) map[string]bool {
+		m := map[string]bool{}
+		for _, i := range list {
+			m[fmt.Sprintf("s%d", i)] = true
+		}
+		return m
+	}
+	var oldList, newList []int
+	for i := range n {
+		oldList = append(oldList, i)
+		if i != n-1 {
+			newList = append(newList, i)
+		}
+	}
+	newList = append(newList, n)
+	writeConfig := func(name string, list []int) (string, error) {
+		var b strings.Builder
+		for _, i := range list {
+			b.WriteString(entries[i])
+		}
+		path := filepath.Join(".dev/chaos", id+"."+name+".yaml")
+		doc := fmt.Sprintf(`kafka: {brokers: [%q], delivery: %s, checkpoint_topic: chaos-%s.checkpoints, record_timestamp: produce}
 postgres: {status_interval: 2s, receive_timeout: 5s, standby_poll_interval: 500ms}
 log: {format: json}
 shutdown_timeout: 10s
-fleet: {session_timeout: 6s}
+fleet: {session_timeout: 6s, group: chaos-%s}
 sources:
-%s`, strings.Join(sources[0].brokers, ","), o.delivery, id, entries.String())
-	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
+%s`, strings.Join(sources[0].brokers, ","), o.delivery, id, id, b.String())
+		return path, os.WriteFile(path, []byte(doc), 0o600)
+	}
+	oldCfg, err := writeConfig("fleet-old", oldList)
+	if err != nil {
 		return false, err
 	}
+	newCfg, err := writeConfig("fleet-new", newList)
+	if err != nil {
+		return false, err
+	}
+	cfgFile, listed := oldCfg, names(oldList)
 	logPath := filepath.Join(".dev/chaos", id+".fleet.log")
 	start := func() (*fleetProc, error) {
 		port, err := freeport.Loopback()
@@ -140,7 +182,7 @@ sources:
 			logFile.Close()
 			close(r.done)
 		}()
-		return &fleetProc{routerProc: r, metrics: addr}, nil
+		return &fleetProc{routerProc: r, metrics: addr, lists: listed}, nil
 	}
 	var live []*fleetProc
 	defer func() {
@@ -155,19 +197,23 @@ sources:
 		}
 		live = append(live, p)
 	}
-	// allStreaming waits until every source streams on exactly one live instance.
+	// allStreaming waits until every source a live instance lists streams on exactly one of them.
 	allStreaming := func(timeout time.Duration) (time.Duration, bool) {
 		began := time.Now()
 		for time.Since(began) < timeout && ctx.Err() == nil {
+			want := map[string]bool{}
 			seen := map[string]int{}
 			for _, p := range live {
+				for name := range p.lists {
+					want[name] = true
+				}
 				for _, s := range p.active() {
 					seen[s]++
 				}
 			}
-			ok := len(seen) == n
-			for _, c := range seen {
-				ok = ok && c == 1
+			ok := len(seen) == len(want)
+			for name := range want {
+				ok = ok && seen[name] == 1
 			}
 			if ok {
 				return time.Since(began), true
@@ -182,6 +228,8 @@ sources:
 
 	began := time.Now()
 	wctx, stopWriters := context.WithCancel(ctx)
+	rctx, stopRemoved := context.WithCancel(wctx) // the removed source's writers stop at the change
+	defer stopRemoved()
 	var writers sync.WaitGroup
 	for _, s := range written {
 		s.newLedger()
@@ -189,10 +237,16 @@ sources:
 			writers.Add(1)
 			go func() {
 				defer writers.Done()
-				s.write(wctx, w)
+				if s == removed {
+					s.write(rctx, w)
+				} else {
+					s.write(wctx, w)
+				}
 			}()
 		}
 	}
+	rolled := false
+	var rollout string
 	faults := map[string]int{}
 	var takeovers []time.Duration
 	unrecovered := 0
@@ -208,6 +262,23 @@ sources:
 		kind, sig := "kill", syscall.SIGKILL
 		if rand.IntN(4) == 0 {
 			kind, sig = "term", syscall.SIGTERM
+		}
+		if !rolled && time.Since(began) > o.duration/2 {
+			// The rolling change: the removed source's last events are delivered first (nothing
+			// streams it once the old instances are gone), then replacements run the new list.
+			rolled = true
+			stopRemoved()
+			if err := removed.waitCaughtUp(ctx, removed.currentLSN(ctx), o.recoverWait); err != nil {
+				rollout = "the removed source did not catch up before the change: " + err.Error()
+			}
+			cfgFile, listed = newCfg, names(newList)
+		}
+		// Once the change began, the instances still on the old list go first.
+		for j, p := range live {
+			if rolled && p.lists[fmt.Sprintf("s%d", n-1)] {
+				i = j
+				break
+			}
 		}
 		live[i].stop(sig)
 		live = slices.Delete(live, i, i+1)
@@ -226,11 +297,23 @@ sources:
 	}
 	stopWriters()
 	writers.Wait()
+	oldLeft := 0
+	for _, p := range live {
+		if p.lists[fmt.Sprintf("s%d", n-1)] {
+			oldLeft++
+		}
+	}
 
 	var total struct{ events, missing, violations, wrong, dups int }
 	var problems []string
-	caughtUp := true
+	if rollout != "" {
+		problems = append(problems, rollout)
+	}
+	caughtUp := rollout == ""
 	for _, s := range written {
+		if s == removed && oldLeft == 0 {
+			continue // caught up before the change; nothing streams it any more
+		}
 		if err := s.waitCaughtUp(context.Background(), s.currentLSN(context.Background()), o.recoverWait); err != nil {
 			caughtUp = false
 			problems = append(problems, s.pfx+": "+err.Error())
@@ -252,9 +335,9 @@ sources:
 	if k := len(takeovers); k > 0 {
 		median, worst = takeovers[k/2], takeovers[k-1]
 	}
-	fmt.Printf("chaos fleet: delivery=%s sources=%d tables=%d instances=%d events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=kill:%d,term:%d takeover_median=%s takeover_max=%s unrecovered=%d duration=%s\n",
+	fmt.Printf("chaos fleet: delivery=%s sources=%d(+1 added, 1 removed) tables=%d instances=%d events=%d lost=%d order_violations=%d wrong=%d duplicates=%d faults=kill:%d,term:%d takeover_median=%s takeover_max=%s unrecovered=%d rolled=%t old_instances_left=%d duration=%s\n",
 		o.delivery, n, len(written), fleetInstances, total.events, total.missing, total.violations, total.wrong, total.dups, faults["kill"], faults["term"],
-		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), unrecovered, time.Since(began).Round(time.Second))
+		median.Round(10*time.Millisecond), worst.Round(10*time.Millisecond), unrecovered, rolled, oldLeft, time.Since(began).Round(time.Second))
 	for i, p := range problems {
 		if i == 20 {
 			fmt.Printf("  ... %d more\n", len(problems)-20)
@@ -262,7 +345,7 @@ sources:
 		}
 		fmt.Println("  " + p)
 	}
-	ok := total.missing == 0 && total.violations == 0 && total.wrong == 0 && unrecovered == 0 && caughtUp
+	ok := total.missing == 0 && total.violations == 0 && total.wrong == 0 && unrecovered == 0 && caughtUp && rolled
 	if o.delivery == "exactly-once" && total.dups > 0 {
 		fmt.Printf("  exactly-once: a read_committed consumer saw %d duplicates\n", total.dups)
 		ok = false
