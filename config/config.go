@@ -83,7 +83,8 @@ type Fleet struct {
 	SessionTimeout time.Duration `yaml:"session_timeout"`
 	// MaxInFlightBytes caps the bytes in flight of all the sources of the process together (each
 	// also keeps its own limits.max_inflight_bytes): the process's memory is bounded by it, however
-	// many sources are busy at once. A source with nothing in flight always gets one record through.
+	// many sources are busy at once (16 MiB by default, which one busy source does not reach). A
+	// source with nothing in flight always gets one record through.
 	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
 }
 
@@ -472,7 +473,7 @@ func Default() Config {
 		Log:             Log{Level: "info", Format: "auto"},
 		Metrics:         Metrics{Addr: "127.0.0.1:9187"},
 		Tracing:         Tracing{ServiceName: "outbox-cdc"},
-		Fleet:           Fleet{Coordination: FleetKafka, SessionTimeout: 6 * time.Second, MaxInFlightBytes: 64 << 20},
+		Fleet:           Fleet{Coordination: FleetKafka, SessionTimeout: 6 * time.Second, MaxInFlightBytes: 16 << 20},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }

@@ -94,7 +94,8 @@ type stored struct {
 	offset    int64
 }
 
-// newer reports whether p was written after s: by its time, then by its place in the topic.
+// olderThan reports whether p, read at partition/offset, was written after s: by its time, then by
+// its place in the topic.
 func (s stored) olderThan(p Pause, partition int32, offset int64) bool {
 	if !p.At.Equal(s.At) {
 		return p.At.After(s.At)
