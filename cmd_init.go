@@ -66,6 +66,12 @@ copy of a new slot is still temporary is explained, not an error: status exits 1
 					failed = append(failed, src.Name)
 				}
 			}
+			// What a least-privilege Kafka principal needs, whatever else init found.
+			principal := "User:<principal>"
+			if cfg.Kafka.SASL.Username != "" {
+				principal = "User:" + cfg.Kafka.SASL.Username
+			}
+			ops.PrintACLs(out, cfg, principal)
 			if len(failed) > 0 {
 				return fmt.Errorf("init failed for source(s) %s (see above)", strings.Join(failed, ", "))
 			}

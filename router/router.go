@@ -170,6 +170,8 @@ type Router struct {
 	log     *slog.Logger
 	limiter *limiter
 	topics  *sync.Map // topic -> topicInfo, once prepared
+	// createDenied says once that the principal may not create topics.
+	createDenied sync.Once
 	// prepMu guards preps, waiting and keyHeld (Options.DeferNewTopics).
 	prepMu sync.Mutex
 	preps  map[string]*topicPrep // topics being prepared
@@ -1110,7 +1112,8 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		}
 		return fmt.Errorf("%s topic %s: %w", what, topic, err)
 	}
-	if r.opts.Kafka.CreateTopics {
+	mayCreate := r.opts.Kafka.CreateTopics
+	if mayCreate {
 		resp, err := r.admin.CreateTopic(ctx, r.opts.Kafka.TopicPartitions, r.opts.Kafka.TopicReplicationFactor, TopicConfigs(r.opts.Kafka), topic)
 		switch {
 		case err == nil:
@@ -1121,6 +1124,15 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		case errors.Is(err, kerr.InvalidTopicException):
 			info.refused = fmt.Sprintf("kafka refused to create topic %s (an invalid name, or one colliding with an existing topic when '.' and '_' are taken as equal): %v", topic, err)
 			return info, nil
+		case deniedCreate(err):
+			// Kafka checks CREATE before it checks whether the topic exists: a principal that may
+			// write existing topics but not create them meets this for every topic. An existing one
+			// is used; a missing one is refused as with kafka.create_topics off.
+			mayCreate = false
+			r.noteCreateDenied(err)
+		case errors.Is(err, kerr.InvalidConfig), errors.Is(err, kerr.PolicyViolation):
+			// The configuration asks for what the cluster refuses: no retry changes it.
+			return info, fmt.Errorf("%w: %w", ErrConfig, wrap("create", CreateTopicHint(err, r.opts.Kafka)))
 		default:
 			return info, wrap("create", CreateTopicHint(err, r.opts.Kafka))
 		}
@@ -1135,6 +1147,10 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
 			if !r.opts.Kafka.CreateTopics {
 				info.refused = fmt.Sprintf("topic %s does not exist and kafka.create_topics is off", topic)
+				return info, nil
+			}
+			if !mayCreate {
+				info.refused = fmt.Sprintf("topic %s does not exist and Kafka refuses this principal the right to create it (CREATE on the topic or the cluster): create it, or grant CREATE", topic)
 				return info, nil
 			}
 		case errors.Is(d.Err, kerr.InvalidTopicException):
@@ -1176,6 +1192,20 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		}
 	}
 	return info, nil
+}
+
+// deniedCreate reports Kafka's refusal of CREATE to the principal.
+func deniedCreate(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// noteCreateDenied says once per router that the principal may not create topics, so that the
+// operator knows why missing topics' rows are dead-lettered.
+func (r *Router) noteCreateDenied(err error) {
+	r.createDenied.Do(func() {
+		r.log.Warn("Kafka refuses this principal the right to create topics (CREATE): existing topics are used, rows for missing ones are dead-lettered with the reason; create the topics yourself and set kafka.create_topics: false, or grant CREATE",
+			"error", err.Error())
+	})
 }
 
 // Compression is kafka.compression as franz-go's codec (snappy for anything it does not name).

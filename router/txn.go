@@ -607,13 +607,17 @@ func (r *Router) wrapTxnErr(what string, lane int, err error) error {
 func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 	topic := r.opts.Transactions.Topic
 	compact := "compact"
+	var denied error
 	_, err := r.admin.CreateTopic(ctx, 1, r.opts.Kafka.TopicReplicationFactor, map[string]*string{"cleanup.policy": &compact}, topic)
 	switch {
 	case err == nil:
 		r.log.Info("created checkpoint topic", "topic", topic, "cleanup_policy", compact)
 		return nil
 	case errors.Is(err, kerr.TopicAlreadyExists):
-	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.PolicyViolation):
+	case deniedCreate(err):
+		// Kafka checks CREATE before existence: a checkpoint topic created beforehand is used.
+		denied = err
+	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.PolicyViolation), errors.Is(err, kerr.InvalidConfig):
 		return fmt.Errorf("%w: create checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, CreateTopicHint(err, r.opts.Kafka))
 	default:
 		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, CreateTopicHint(err, r.opts.Kafka))
@@ -621,6 +625,10 @@ func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 	details, err := r.admin.ListTopics(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("look up checkpoint topic %s: %w", topic, err)
+	}
+	if d, ok := details[topic]; denied != nil && (!ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition)) {
+		return fmt.Errorf("%w: checkpoint topic %s (kafka.checkpoint_topic) does not exist and Kafka refuses this principal the right to create it: create it (one partition, cleanup.policy=compact), or grant CREATE: %w",
+			ErrConfig, topic, denied)
 	}
 	if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 1 {
 		r.log.Warn("the checkpoint topic has more than one partition: a slot's checkpoints move to another partition when partitions are added, and the router then takes the one written last (create it with one partition)",

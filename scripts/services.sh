@@ -322,6 +322,11 @@ listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.secu
 listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.ssl.ssl.keystore.type=PEM
 listener.name.ssl.ssl.keystore.location=$KAFKA_DIR/tls/server.pem
+# An authorizer, so that tests can give a principal of their own only the ACLs a least-privilege
+# deployment has; everyone the other tests connect as (the plaintext listeners' ANONYMOUS, the SASL
+# user outbox) is a super user, as before.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:outbox
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
