@@ -51,6 +51,9 @@ type Options struct {
 	IsolateUntil uint64
 	// TopicSetupTimeout bounds the creation and inspection of one topic (default 30 s).
 	TopicSetupTimeout time.Duration
+	// PartitionCheckInterval is how often the partition counts of the topics in use are read, to
+	// warn of one that grew (default 30 s).
+	PartitionCheckInterval time.Duration
 	// DeferNewTopics lets Prepare return at once for a row whose topic the router has not used yet:
 	// the topic is created or inspected in the background while the stream goes on, and the router
 	// holds that topic's records, in order, until it is ready. Without it Prepare waits for the
@@ -231,8 +234,10 @@ type topicInfo struct {
 	partitions int32
 	// refused, when not empty, says why no record can ever go to the topic.
 	refused string
-	// grew is set once the topic was seen with more partitions (warned once).
-	grew *atomic.Bool
+	// grew is set once the topic was seen with more partitions (warned once); lastKey is the key of
+	// the last record produced to it, for the warning's example.
+	grew    *atomic.Bool
+	lastKey *atomic.Pointer[[]byte]
 	// stamps bound the records' timestamps; restamped is set once a record of the topic had to
 	// carry its produce time instead (warned once).
 	stamps    stampLimits
@@ -308,7 +313,7 @@ func New(opts Options) (*Router, error) {
 		lanes = append(lanes, second)
 	}
 	closeCtx, closeFn := context.WithCancel(context.Background())
-	return &Router{
+	r := &Router{
 		opts:     opts,
 		client:   client,
 		lanes:    lanes,
@@ -322,7 +327,9 @@ func New(opts Options) (*Router, error) {
 		closeCtx: closeCtx,
 		closeFn:  closeFn,
 		failed:   make(chan struct{}),
-	}, nil
+	}
+	go r.watchPartitions(closeCtx)
+	return r, nil
 }
 
 // Ping checks that a broker answers, and that the dead-letter topic, if configured, exists or can be
@@ -678,17 +685,20 @@ func (r *Router) produce(p *Prepared, ack func()) {
 	})
 }
 
-// checkPartitions warns, once per topic, when a record went to a partition the topic did not have
-// when the router first used it: keys now map to other partitions.
+// checkPartitions notes the record's key for the topic, and warns, once per topic, when the record
+// went to a partition the topic did not have when the router first used it (watchPartitions notices
+// the growth sooner: the producer learns of new partitions only with its metadata).
 func (r *Router) checkPartitions(rec *kgo.Record) {
 	v, ok := r.topics.Load(rec.Topic)
 	if !ok {
 		return
 	}
 	info := v.(topicInfo)
-	if info.partitions > 0 && rec.Partition >= info.partitions && info.grew.CompareAndSwap(false, true) {
-		r.log.Warn("topic gained partitions while streaming: keys now map to other partitions, so consumers may see a key's new events before its older ones still unread on its old partition",
-			"topic", rec.Topic, "partitions_at_start", info.partitions, "partition_seen", rec.Partition)
+	if len(rec.Key) > 0 && info.lastKey != nil {
+		info.lastKey.Store(&rec.Key)
+	}
+	if info.partitions > 0 && rec.Partition >= info.partitions {
+		r.warnGrown(rec.Topic, info, rec.Partition+1)
 	}
 }
 
@@ -921,7 +931,7 @@ func (r *Router) runPrep(p *topicPrep) {
 	if err != nil {
 		r.log.Warn("topic set-up failed; the session stops and retries", "topic", p.topic, "error", err.Error())
 	} else {
-		info.grew, info.restamped = new(atomic.Bool), new(atomic.Bool)
+		info.grew, info.restamped, info.lastKey = new(atomic.Bool), new(atomic.Bool), new(atomic.Pointer[[]byte])
 		if info.refused != "" {
 			r.log.Warn("topic refused: records routed to it are undeliverable", "topic", p.topic, "reason", info.refused)
 		}
