@@ -215,13 +215,35 @@ func rfc3339(v []byte) ([]byte, bool) {
 	return nil, false
 }
 
+// jsonKind names what kind of JSON value raw starts with, for the reason a headers value that is not
+// an object is refused.
+func jsonKind(raw []byte) string {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return "empty"
+	}
+	switch c := t[0]; {
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == '-' || (c >= '0' && c <= '9'):
+		return "a number"
+	case c == '{':
+		return "a malformed object"
+	}
+	return "JSON"
+}
+
 // jsonHeaders turns a JSON object into headers in key order: string values as they are, other
 // values as their JSON text, null ones left out. Keys reserved for the record's own headers are left
 // out.
 func jsonHeaders(raw []byte, reserved func(string) bool) ([]kgo.RecordHeader, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, fmt.Errorf("headers must be a JSON object: %v", err)
+		return nil, fmt.Errorf("headers must be a JSON object (or NULL), not %s: %v", jsonKind(raw), err)
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {

@@ -314,6 +314,12 @@ func TestJSONHeadersNeverChangeAValue(t *testing.T) {
 		{"a pair", `{"a": "\ud83d\ude00"}`, "\U0001F600", ""},
 		{"U+FFFD escaped", `{"a": "\ufffd\n"}`, "\uFFFD\n", ""},
 		{"U+FFFD as itself", "{\"a\": \"\uFFFD\\n\"}", "\uFFFD\n", ""},
+		// Not an object: refused the same way, whatever it is, naming what it is.
+		{"an array", `[{"a": "x"}]`, "", "not an array"},
+		{"a string", `"a=x"`, "", "not a string"},
+		{"a number", `42`, "", "not a number"},
+		{"a boolean", `true`, "", "not a boolean"},
+		{"a malformed object", `{"a": "x"`, "", "not a malformed object"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hs, err := jsonHeaders([]byte(tc.raw), func(string) bool { return false })
