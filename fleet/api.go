@@ -51,8 +51,11 @@ type SourceView struct {
 	Paused   bool       `json:"paused"`
 	PausedBy string     `json:"paused_by,omitempty"`
 	PausedAt *time.Time `json:"paused_at,omitempty"`
-	// Database (user@host:port/db, no password), Table, Slot and Delivery describe the source.
+	// Database (user@host:port/db, no password; every host of a multi-host URL), Table, Slot and
+	// Delivery describe the source; Server is the host:port it streams from here now (with a
+	// multi-host URL, the one that answered).
 	Database string `json:"database"`
+	Server   string `json:"server,omitempty"`
 	Table    string `json:"table"`
 	// Tables are the source's further outbox tables (its tables list), which share its slot.
 	Tables   []string `json:"tables,omitempty"`
@@ -130,7 +133,7 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 			behind := h.SecondsBehind
 			sv.SecondsBehind = &behind
 		}
-		sv.Produced, sv.DeadLettered = h.Produced, h.DeadLettered
+		sv.Produced, sv.DeadLettered, sv.Server = h.Produced, h.DeadLettered, h.Server
 		if h.LastError != "" {
 			sv.LastError = f.scrub(h.LastError)
 			at := h.LastErrorAt.UTC()

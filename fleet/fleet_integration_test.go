@@ -156,8 +156,14 @@ func TestPausedSourceIsWatched(t *testing.T) {
 		Group: group, Topic: "outbox-cdc.fleet." + group, Instance: "one", SessionTimeout: 6 * time.Second,
 		RebalanceTimeout: 30 * time.Second, ReplicationFactor: -1, ClientOpts: []kgo.Opt{kgo.SeedBrokers(f.Brokers...)}, Log: testLogger(),
 	}
+	// A multi-host URL whose first host does not answer: the API names the one that does.
+	cfg := sourceConfig("orders", f)
+	at := strings.Index(cfg.Postgres.URL, "@") + 1
+	slash := strings.Index(cfg.Postgres.URL[at:], "/") + at
+	real := cfg.Postgres.URL[at:slash]
+	cfg.Postgres.URL = cfg.Postgres.URL[:at] + "127.0.0.1:1," + real + cfg.Postgres.URL[slash:]
 	fl, err := fleet.New(testLogger(), m, func(s string) string { return s }, coord,
-		[]fleet.Source{{Config: sourceConfig("orders", f), Options: []pipeline.Option{pipeline.WithObserver(m.Source("orders"))}}})
+		[]fleet.Source{{Config: cfg, Options: []pipeline.Option{pipeline.WithObserver(m.Source("orders"))}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +176,9 @@ func TestPausedSourceIsWatched(t *testing.T) {
 	}()
 	h := m.Handler()
 	testenv.WaitFor(t, 60*time.Second, "orders streaming", func() bool { code, _ := readyz(t, h, "orders"); return code == http.StatusOK })
+	if s := fl.Snapshot(ctx).Sources[0]; s.Server != real || !strings.Contains(s.Database, "127.0.0.1:1,"+real) {
+		t.Errorf("the API shows database %q, server %q: want both hosts, and %s as the server", s.Database, s.Server, real)
+	}
 	if err := fl.SetPaused(ctx, "orders", true, "test"); err != nil {
 		t.Fatal(err)
 	}

@@ -44,8 +44,10 @@ type Status struct {
 
 // PostgresReport says whether the database could be read.
 type PostgresReport struct {
-	// Target is user@host:port/database; Reachable says whether it answered (else Error).
+	// Target is user@host:port/database (every host of a multi-host URL); Reachable says whether it
+	// answered (else Error), and Server which host:port did.
 	Target    string `json:"target"`
+	Server    string `json:"server,omitempty"`
 	Reachable bool   `json:"reachable"`
 	Error     string `json:"error,omitempty"`
 }
@@ -161,7 +163,7 @@ func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.O
 		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
 	}
 	defer func() { _ = cat.Close(context.Background()) }()
-	st.Postgres.Reachable = true
+	st.Postgres.Reachable, st.Postgres.Server = true, cat.Server()
 	if st.Slot, err = cat.Slot(ctx, cfg.Postgres.Slot); err != nil {
 		return err
 	}
@@ -320,7 +322,11 @@ func emptyLists(v reflect.Value) {
 // Print writes the report as a table for people.
 func (st Status) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "postgres\t%s\n", st.Postgres.Target)
+	if st.Postgres.Server != "" {
+		fmt.Fprintf(tw, "postgres\t%s (connected to %s)\n", st.Postgres.Target, st.Postgres.Server)
+	} else {
+		fmt.Fprintf(tw, "postgres\t%s\n", st.Postgres.Target)
+	}
 	if !st.Postgres.Reachable {
 		fmt.Fprintf(tw, "  reachable\tno: slot, publication and outbox unknown\n")
 	}

@@ -61,3 +61,23 @@ func TestStatusCountsRowsTheStatisticsDoNotKnow(t *testing.T) {
 		t.Errorf("status text does not say the table holds 3 rows:\n%s", text.String())
 	}
 }
+
+// TestStatusNamesTheHostConnectedTo: with a multi-host postgres.url whose first host does not
+// answer, status names every host as the target and the one that answered as the server.
+func TestStatusNamesTheHostConnectedTo(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testenv.RouterConfig(f)
+	at := strings.Index(cfg.Postgres.URL, "@") + 1
+	slash := strings.Index(cfg.Postgres.URL[at:], "/") + at
+	real := cfg.Postgres.URL[at:slash]
+	cfg.Postgres.URL = cfg.Postgres.URL[:at] + "127.0.0.1:1," + real + cfg.Postgres.URL[slash:]
+	st := GatherStatus(context.Background(), cfg)
+	if !st.Postgres.Reachable || st.Postgres.Server != real || !strings.Contains(st.Postgres.Target, "127.0.0.1:1,"+real) {
+		t.Fatalf("status of a multi-host URL: %+v, want the target naming both hosts and the server %s", st.Postgres, real)
+	}
+	var out bytes.Buffer
+	st.Print(&out)
+	if !strings.Contains(out.String(), "(connected to "+real+")") {
+		t.Errorf("status text does not name the host connected to:\n%s", out.String())
+	}
+}

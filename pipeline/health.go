@@ -71,6 +71,9 @@ type Health struct {
 	// The slot is still watched meanwhile (Watch): its lag and WAL status stay known.
 	Paused      bool
 	PausedSince time.Time
+	// Server is the PostgreSQL server the current session streams from (host:port as connected:
+	// with a multi-host postgres.url, the one that answered); empty between sessions.
+	Server string
 	// LastError is the last failure that ended a session or stopped the pipeline (as it was logged:
 	// scrub it before showing it), at LastErrorAt; empty before the first.
 	LastError   string
@@ -81,7 +84,8 @@ type Health struct {
 type observed struct {
 	mu          sync.Mutex
 	tracker     *checkpoint.Tracker
-	backendPID  int // the walsender of the current session, 0 without one
+	backendPID  int    // the walsender of the current session, 0 without one
+	server      string // the server the current session streams from, "" without one
 	restarts    int64
 	errors      map[string]int64
 	lastError   string
@@ -118,9 +122,9 @@ func (o *observed) markCheckpoint(lsn checkpoint.LSN) {
 }
 
 // setSession records the current session's tracker and walsender (nil and 0 when it ends).
-func (o *observed) setSession(tr *checkpoint.Tracker, backendPID int) {
+func (o *observed) setSession(tr *checkpoint.Tracker, backendPID int, server string) {
 	o.mu.Lock()
-	o.tracker, o.backendPID = tr, backendPID
+	o.tracker, o.backendPID, o.server = tr, backendPID, server
 	o.mu.Unlock()
 }
 
@@ -191,6 +195,7 @@ func (p *Pipeline) Health() Health {
 	}
 	p.obs.mu.Lock()
 	tr, pid := p.obs.tracker, p.obs.backendPID
+	s.Server = p.obs.server
 	s.Restarts = p.obs.restarts
 	s.Errors = make(map[string]int64, len(p.obs.errors))
 	for k, v := range p.obs.errors {

@@ -545,9 +545,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		c.standby = false
 	}
 	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
-	p.obs.setSession(tracker, c.lastPID)
-	defer p.obs.setSession(nil, 0)
 	server := stream.Server()
+	p.obs.setSession(tracker, c.lastPID, server)
+	defer p.obs.setSession(nil, 0, "")
 	p.log.Info("streaming", "slot", cfg.Postgres.Slot, "publication", cfg.Postgres.Publication,
 		"table", cfg.Postgres.Table, "from_lsn", res.Slot.ConfirmedFlush.String(), "server", server)
 	if c.server != "" && c.server != server {

@@ -56,6 +56,15 @@ func openCatalog(ctx context.Context, url, application string) (*Catalog, error)
 // Close closes the connection.
 func (c *Catalog) Close(ctx context.Context) error { return c.conn.Close(ctx) }
 
+// Server is the address (host:port) of the server the catalog connection reached: with a
+// multi-host URL, the one that answered.
+func (c *Catalog) Server() string {
+	if nc := c.conn.PgConn().Conn(); nc != nil && nc.RemoteAddr() != nil {
+		return nc.RemoteAddr().String()
+	}
+	return ""
+}
+
 // Outbox names the outbox table and the publication that carries it.
 type Outbox struct {
 	// Schema and Table name the outbox table.
