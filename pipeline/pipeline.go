@@ -53,6 +53,9 @@ type Pipeline struct {
 	tracer trace.Tracer
 	// budget, if not nil, is the process's in-flight budget, shared with the other sources.
 	budget *router.Budget
+	// stopBefore is a row that can never be delivered (no dead-letter topic) that stopped an
+	// exactly-once session: the next one commits the transactions before it, then stops there.
+	stopBefore *router.UndeliverableError
 	// rowsPerPart, when not zero, replaces rowsPerPart (tests read small tables in parts).
 	rowsPerPart int64
 }
@@ -424,6 +427,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		var poison *router.UndeliverableError
+		if cfg := p.cfg; cfg.Kafka.ExactlyOnce() && errors.As(err, &poison) && poison.CommitLSN != 0 &&
+			(p.stopBefore == nil || p.stopBefore.CommitLSN != poison.CommitLSN) {
+			// The complete PostgreSQL transactions that shared the row's Kafka transaction were
+			// aborted with it: one more session commits them, stopping where the row's begins.
+			p.stopBefore = poison
+			p.obs.countError(err)
+			p.log.Warn("a row can never be delivered (no dead-letter topic): committing the complete transactions before it, then stopping",
+				"event_id", poison.EventID, "commit_lsn", checkpoint.LSN(poison.CommitLSN).String())
+			continue
+		}
 		if permanent(err) {
 			p.obs.countError(err)
 			return err
@@ -510,7 +524,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		}
 		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval,
 			catchUp: catchUpInterval(cfg.Kafka.TransactionInterval, cfg.Kafka.TransactionTimeout), clock: quietClock{quiet: cfg.Kafka.QuietFlush},
-			pace: txPace{bound: cfg.Kafka.TransactionInterval}, maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs}
+			pace: txPace{bound: cfg.Kafka.TransactionInterval}, maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs,
+			stopBefore: p.stopBefore}
 		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
 		eos.failedTxns.Store(-1)
 		if last != nil {
@@ -633,7 +648,8 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		// The open Kafka transaction is committed only when the stream stopped between whole
 		// PostgreSQL transactions; otherwise it is aborted, once PostgreSQL is let go, and replayed.
 		fctx, fcancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
-		committed, err := eos.finish(fctx, graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil))
+		var stopped *stoppedBefore
+		committed, err := eos.finish(fctx, graceful || ((errors.Is(runErr, replication.ErrOutboxChanged) || errors.As(runErr, &stopped)) && rt.Err() == nil))
 		fcancel()
 		if err != nil {
 			p.log.Warn("stop: the last Kafka transaction was not committed; the next session replays it", "error", err.Error())

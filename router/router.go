@@ -135,6 +135,8 @@ type UndeliverableError struct {
 	// EventID names the row; Reason says why it can never be delivered.
 	EventID string
 	Reason  string
+	// CommitLSN is the commit position of the row's transaction (Source.CommitLSN; 0 when unknown).
+	CommitLSN uint64
 }
 
 // Error implements error.
@@ -493,7 +495,7 @@ func (r *Router) Prepare(ctx context.Context, row Row, src Source) (*Prepared, e
 	}
 	if problem != nil {
 		if r.opts.DLQTopic == "" {
-			err := &UndeliverableError{EventID: eventID(rec), Reason: problem.Error()}
+			err := &UndeliverableError{EventID: eventID(rec), Reason: problem.Error(), CommitLSN: src.CommitLSN}
 			r.fail(err)
 			return nil, err
 		}
@@ -622,7 +624,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			p.span = nil
 			if r.opts.DLQTopic == "" {
 				r.release(p.held())
-				r.fail(&UndeliverableError{EventID: eventID(p.rec), Reason: problem.Error()})
+				r.fail(&UndeliverableError{EventID: eventID(p.rec), Reason: problem.Error(), CommitLSN: p.src.CommitLSN})
 				return
 			}
 			p.dlqReason, p.dlqClass = problem.Error(), class
@@ -777,7 +779,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, p *Prepared, reason, class string,
 	typ, src := p.typ, p.src
 	if r.opts.DLQTopic == "" {
 		r.release(p.held())
-		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason})
+		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason, CommitLSN: src.CommitLSN})
 		return
 	}
 	dlq := &kgo.Record{Topic: r.opts.DLQTopic, Key: orig.Key, Value: orig.Value}
