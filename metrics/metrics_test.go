@@ -185,6 +185,11 @@ func TestLabelCardinalityIsBounded(t *testing.T) {
 func TestDashboardsUseExistingMetrics(t *testing.T) {
 	m := New()
 	m.Watch("s1", fixedHealth(pipeline.StateStreaming))
+	m.Watch("s2", func() pipeline.Health { // paused: the metrics only a paused source has
+		h := fixedHealth(pipeline.StateStopped)()
+		h.Paused, h.PausedSince = true, time.Now()
+		return h
+	})
 	m.Source("s1").Produced("t", "e", 1, time.Millisecond, time.Millisecond)
 	m.Source("s1").DeadLettered("e", "unroutable")
 	families, err := m.Registry().Gather()
