@@ -54,6 +54,11 @@ type Record struct {
 	Records      int `json:"records"`
 	// Written is when the record was written.
 	Written time.Time `json:"written"`
+	// Delivery is "at-least-once" in a hand-over record: an at-least-once router of the slot wrote
+	// it at its graceful stop, at the position it confirmed, every transaction before it
+	// acknowledged by Kafka (at least once), so that the exactly-once mode resumes there without a
+	// gap. Empty in the records of Kafka transactions.
+	Delivery string `json:"delivery,omitempty"`
 }
 
 // Marshal encodes the record as its checkpoint-topic value.
@@ -226,8 +231,8 @@ func Start(slot LSN, server Server, last *Record, acceptGap bool) (Resume, error
 	if slot > r.SkipBelow && !acceptGap {
 		return Resume{}, fmt.Errorf("%w: the slot is confirmed at %s but the last checkpoint is at %s (written %s): %s of WAL between them may hold events that never reached Kafka. "+
 			"The slot was dropped and created anew (also by a failover to a server that lacked it), advanced by hand, used by another tool, "+
-			"or streamed in at-least-once mode since (kafka.delivery switched back and forth: what it delivered then was delivered at least once). Recover rows still in the outbox with `outbox-cdc resync`, "+
-			"or start with --accept-gap to stream from the slot's position and accept the gap",
+			"or streamed in at-least-once mode since without a graceful stop (an at-least-once router stopped with SIGTERM writes a hand-over checkpoint at the position it confirmed, so that the switch to exactly-once has no gap: start it once more and stop it so). "+
+			"Recover rows still in the outbox with `outbox-cdc resync`, or start with --accept-gap to stream from the slot's position and accept the gap",
 			ErrGap, slot, r.SkipBelow, last.Written.UTC().Format(time.RFC3339), bytesString(uint64(slot-r.SkipBelow)))
 	}
 	return r, nil

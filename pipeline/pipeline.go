@@ -53,6 +53,9 @@ type Pipeline struct {
 	tracer trace.Tracer
 	// budget, if not nil, is the process's in-flight budget, shared with the other sources.
 	budget *router.Budget
+	// streamedFrom is the slot's position when this process's first at-least-once session began:
+	// the process delivered every transaction from there on (handOver).
+	streamedFrom checkpoint.LSN
 	// stopBefore is a row that can never be delivered (no dead-letter topic) that stopped an
 	// exactly-once session: the next one commits the transactions before it, then stops there.
 	stopBefore *router.UndeliverableError
@@ -560,6 +563,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		c.standby = false
 	}
 	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
+	if eos == nil && p.streamedFrom == 0 {
+		p.streamedFrom = res.Slot.ConfirmedFlush
+	}
 	server := stream.Server()
 	p.obs.setSession(tracker, c.lastPID, server)
 	defer p.obs.setSession(nil, 0, "")
@@ -713,11 +719,52 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		runErr = cerr
 	}
 	if graceful {
+		if eos == nil {
+			p.handOver(srv)
+		}
 		st := tracker.Stats()
 		p.log.Info("stopped", "confirmed_lsn", checkpoint.LSN(p.Replication.ConfirmedLSN.Load()).String(), "unacknowledged_records", st.PendingRecords)
 		return nil
 	}
 	return runErr
+}
+
+// handOverTimeout bounds the hand-over checkpoint at an at-least-once router's graceful stop.
+const handOverTimeout = 5 * time.Second
+
+// handOver writes, at an at-least-once router's graceful stop, a hand-over checkpoint at the position
+// the stream confirmed — every transaction before it acknowledged by Kafka — when the slot has an
+// exactly-once checkpoint behind it (it streamed exactly-once before) and this process streamed from
+// that checkpoint (or before it) on: the exactly-once mode then resumes there, instead of taking
+// what at-least-once delivered meanwhile for a gap. A process that began past the checkpoint (the
+// slot dropped and created anew, advanced by hand, or moved by an at-least-once router that did not
+// stop gracefully) hands nothing over, so that the gap is still refused. Without an earlier
+// checkpoint there is nothing to hand over: the exactly-once mode starts from the slot.
+func (p *Pipeline) handOver(srv replication.Server) {
+	confirmed := checkpoint.LSN(p.Replication.ConfirmedLSN.Load())
+	slot := checkpoint.SlotID{SystemID: srv.SystemID, Database: srv.Database, Slot: p.cfg.Postgres.Slot}
+	ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
+	defer cancel()
+	last, err := router.ReadCheckpoint(ctx, p.cfg.Kafka, p.cfg.Kafka.CheckpointTopic, slot, p.log)
+	if err != nil || last == nil || last.LSN >= confirmed || confirmed == 0 {
+		if err != nil {
+			p.log.Debug("shutdown: no hand-over checkpoint (the checkpoint topic cannot be read)", "error", err.Error())
+		}
+		return
+	}
+	if p.streamedFrom > last.LSN {
+		p.log.Warn("shutdown: no hand-over checkpoint: this router began streaming past the slot's last exactly-once checkpoint, so what lies between was not delivered by it; switching the slot to exactly-once is refused as a gap",
+			"checkpoint_lsn", last.LSN.String(), "streamed_from", p.streamedFrom.String())
+		return
+	}
+	rec := checkpoint.Record{Slot: slot, LSN: confirmed, Timeline: srv.Timeline, TimelineStart: srv.TimelineStart(), Written: time.Now().UTC(), Delivery: config.DeliveryAtLeastOnce}
+	if err := router.WriteHandover(ctx, p.cfg.Kafka, p.cfg.Kafka.CheckpointTopic, rec, p.log); err != nil {
+		p.log.Warn("shutdown: could not write the hand-over checkpoint; switching this slot to exactly-once will be refused as a gap until an at-least-once router stops gracefully again",
+			"checkpoint_topic", p.cfg.Kafka.CheckpointTopic, "error", err.Error())
+		return
+	}
+	p.log.Info("wrote a hand-over checkpoint: the exactly-once mode resumes here without a gap", "checkpoint_topic", p.cfg.Kafka.CheckpointTopic,
+		"lsn", confirmed.String(), "previous_checkpoint", last.LSN.String())
 }
 
 // setup opens the catalog connection and checks (and creates) what the stream needs. A slot still

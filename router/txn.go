@@ -166,6 +166,36 @@ func (r *Router) ReadCheckpoint(ctx context.Context) (*checkpoint.Record, error)
 	return ReadCheckpoint(ctx, r.opts.Kafka, r.opts.Transactions.Topic, r.opts.Transactions.Slot, r.log)
 }
 
+// WriteHandover writes rec, an at-least-once router's hand-over checkpoint, to the checkpoint topic in
+// a Kafka transaction of the slot's transactional id (the checkpoint reader takes nothing else), so
+// that the exactly-once mode resumes at its position without a gap. The topic must exist; no
+// exactly-once router of the slot may be running (the slot's exclusivity sees to it: the at-least-once
+// router held the slot until now).
+func WriteHandover(ctx context.Context, k config.Kafka, topic string, rec checkpoint.Record, log *slog.Logger) error {
+	opts, err := ClientOpts(k)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.ClientID(k.ClientID), kgo.WithLogger(kgoLogger{log}),
+		kgo.TransactionalID(rec.Slot.TransactionalID()), kgo.TransactionTimeout(k.TransactionTimeout))...)
+	if err != nil {
+		return fmt.Errorf("create checkpoint writer: %w", err)
+	}
+	defer cl.Close()
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("write the hand-over checkpoint to %s: %w", topic, err)
+	}
+	perr := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte(rec.Slot.String()), Value: rec.Marshal()}).FirstErr()
+	commit := kgo.TryCommit
+	if perr != nil {
+		commit = kgo.TryAbort
+	}
+	if err := cl.EndTransaction(ctx, commit); err != nil || perr != nil {
+		return fmt.Errorf("write the hand-over checkpoint to %s: %w", topic, errors.Join(perr, err))
+	}
+	return nil
+}
+
 // ReadCheckpoint reads topic to its end with read_committed isolation and returns slot's last
 // checkpoint, or nil when none was ever committed (or the topic does not exist). Malformed records
 // are logged and skipped.
