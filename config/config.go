@@ -182,6 +182,10 @@ type Kafka struct {
 	ClientID string `yaml:"client_id"`
 	// CreateTopics creates missing topics (with TopicPartitions and TopicReplicationFactor).
 	CreateTopics bool `yaml:"create_topics"`
+	// MaxNewTopicsPerHour bounds the topics a source creates in an hour (a routing column with values
+	// no one planned would create a topic per value): rows for a new topic past it are dead-lettered
+	// with the reason. 0: no limit.
+	MaxNewTopicsPerHour int `yaml:"max_new_topics_per_hour"`
 	// TopicPartitions is the partition count of created topics.
 	TopicPartitions int32 `yaml:"topic_partitions"`
 	// TopicReplicationFactor is the replication factor of created topics; -1 takes the broker's default.
@@ -452,6 +456,7 @@ func Default() Config {
 		Kafka: Kafka{
 			ClientID:               "outbox-cdc",
 			CreateTopics:           true,
+			MaxNewTopicsPerHour:    100,
 			TopicPartitions:        3,
 			TopicReplicationFactor: -1,
 			MaxMessageBytes:        1000000,
@@ -601,6 +606,9 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 		if !strings.Contains(b, ":") {
 			bad("kafka.brokers", "%q must be host:port", b)
 		}
+	}
+	if c.Kafka.MaxNewTopicsPerHour < 0 {
+		bad("kafka.max_new_topics_per_hour", "must be 0 (no limit) or more, got %d", c.Kafka.MaxNewTopicsPerHour)
 	}
 	if c.Kafka.TopicPartitions < 1 {
 		bad("kafka.topic_partitions", "must be at least 1, got %d", c.Kafka.TopicPartitions)

@@ -130,6 +130,7 @@ var settings = []setting{
 	{"kafka.brokers", "OUTBOX_CDC_BROKERS", "brokers", "Kafka seed brokers, comma-separated host:port", list(func(c *Config) *[]string { return &c.Kafka.Brokers })},
 	{"kafka.client_id", "OUTBOX_CDC_CLIENT_ID", "", "", str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{"kafka.create_topics", "OUTBOX_CDC_CREATE_TOPICS", "", "", boolean(func(c *Config) *bool { return &c.Kafka.CreateTopics })},
+	{"kafka.max_new_topics_per_hour", "OUTBOX_CDC_MAX_NEW_TOPICS_PER_HOUR", "", "", integer(func(c *Config) *int { return &c.Kafka.MaxNewTopicsPerHour })},
 	{"kafka.topic_partitions", "OUTBOX_CDC_TOPIC_PARTITIONS", "", "", integer(func(c *Config) *int32 { return &c.Kafka.TopicPartitions })},
 	{"kafka.topic_replication_factor", "OUTBOX_CDC_TOPIC_REPLICATION_FACTOR", "", "", integer(func(c *Config) *int16 { return &c.Kafka.TopicReplicationFactor })},
 	{"kafka.max_message_bytes", "OUTBOX_CDC_MAX_MESSAGE_BYTES", "", "", integer(func(c *Config) *int32 { return &c.Kafka.MaxMessageBytes })},

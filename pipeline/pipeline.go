@@ -53,6 +53,8 @@ type Pipeline struct {
 	tracer trace.Tracer
 	// budget, if not nil, is the process's in-flight budget, shared with the other sources.
 	budget *router.Budget
+	// creations bounds the topics the pipeline's routers create per hour (kafka.max_new_topics_per_hour).
+	creations *router.CreationLimit
 	// streamedFrom is the slot's position when this process's first at-least-once session began:
 	// the process delivered every transaction from there on (handOver).
 	streamedFrom checkpoint.LSN
@@ -123,7 +125,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 	if cfg.Kafka.ExactlyOnce() && !outbox.ValidTopic(cfg.Kafka.CheckpointTopic) {
 		return nil, fmt.Errorf("invalid configuration: kafka.checkpoint_topic: %q is not a valid Kafka topic name", cfg.Kafka.CheckpointTopic)
 	}
-	p := &Pipeline{cfg: cfg, log: log, rules: rules}
+	p := &Pipeline{cfg: cfg, log: log, rules: rules, creations: router.NewCreationLimit(cfg.Kafka.MaxNewTopicsPerHour)}
 	tables, err := cfg.OutboxTables()
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
@@ -1072,6 +1074,7 @@ func (p *Pipeline) newRouter(ctx context.Context, adjust ...func(*router.Options
 	opts := router.Options{
 		Kafka: cfg.Kafka, Rules: p.rules, TableRules: p.tableRules, Columns: cfg.Postgres.Columns, Format: p.format(), DLQTopic: cfg.Routing.DLQTopic, Limits: cfg.Limits,
 		IsolateUntil: p.isolateUntil, Logger: p.log, Counters: &p.Router, Observer: p.observer, Tracer: p.tracer, Budget: p.budget,
+		TopicCreations: p.creations,
 	}
 	for _, f := range adjust {
 		f(&opts)

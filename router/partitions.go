@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -76,4 +77,53 @@ func (r *Router) warnGrown(topic string, info topicInfo, partitions int32) {
 	}
 	r.log.Warn("topic gained partitions while streaming: keys now map to other partitions, so a consumer may see a key's new events before its older ones still unread on its old partition; add partitions only to topics whose consumers do not rely on per-key order, or while nothing is unread",
 		attrs...)
+}
+
+// CreationLimit bounds the topics a router creates per hour (kafka.max_new_topics_per_hour): a
+// column that routes to a topic per value, with values no one planned (a made-up event type per
+// row), would otherwise create topics without end. It outlives the routers of a pipeline's sessions.
+// Safe for concurrent use; a nil *CreationLimit is no limit.
+type CreationLimit struct {
+	mu    sync.Mutex
+	max   int
+	times []time.Time // the creations of the last hour, oldest first
+}
+
+// NewCreationLimit returns a limit of max topics per hour; max 0 is no limit (nil).
+func NewCreationLimit(max int) *CreationLimit {
+	if max <= 0 {
+		return nil
+	}
+	return &CreationLimit{max: max}
+}
+
+// take counts one creation now, or reports false when the hour's creations are used up.
+func (l *CreationLimit) take(now time.Time) bool {
+	if l == nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := 0
+	for i < len(l.times) && now.Sub(l.times[i]) >= time.Hour {
+		i++
+	}
+	l.times = l.times[i:]
+	if len(l.times) >= l.max {
+		return false
+	}
+	l.times = append(l.times, now)
+	return true
+}
+
+// refund gives back the last creation taken (the topic existed after all).
+func (l *CreationLimit) refund() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.times); n > 0 {
+		l.times = l.times[:n-1]
+	}
 }

@@ -51,6 +51,9 @@ type Options struct {
 	IsolateUntil uint64
 	// TopicSetupTimeout bounds the creation and inspection of one topic (default 30 s).
 	TopicSetupTimeout time.Duration
+	// TopicCreations, if not nil, bounds the topics the router creates per hour
+	// (kafka.max_new_topics_per_hour): rows for a new topic past it are dead-lettered with the reason.
+	TopicCreations *CreationLimit
 	// PartitionCheckInterval is how often the partition counts of the topics in use are read, to
 	// warn of one that grew (default 30 s).
 	PartitionCheckInterval time.Duration
@@ -175,8 +178,9 @@ type Router struct {
 	log     *slog.Logger
 	limiter *limiter
 	topics  *sync.Map // topic -> topicInfo, once prepared
-	// createDenied says once that the principal may not create topics.
-	createDenied sync.Once
+	// createDenied says once that the principal may not create topics; limitReached that
+	// kafka.max_new_topics_per_hour was reached.
+	createDenied, limitReached sync.Once
 	// prepMu guards preps, waiting and keyHeld (Options.DeferNewTopics).
 	prepMu sync.Mutex
 	preps  map[string]*topicPrep // topics being prepared
@@ -234,8 +238,10 @@ type topicInfo struct {
 	limit int32
 	// partitions is the partition count when the router first used the topic; 0 if unknown.
 	partitions int32
-	// refused, when not empty, says why no record can ever go to the topic.
-	refused string
+	// refused, when not empty, says why no record can ever go to the topic; with transient, only
+	// for now (the hour's topic creations are used up): the topic is looked at again for the next row.
+	refused   string
+	transient bool
 	// grew is set once the topic was seen with more partitions (warned once); lastKey is the key of
 	// the last record produced to it, for the warning's example.
 	grew    *atomic.Bool
@@ -934,14 +940,20 @@ func (r *Router) runPrep(p *topicPrep) {
 		r.log.Warn("topic set-up failed; the session stops and retries", "topic", p.topic, "error", err.Error())
 	} else {
 		info.grew, info.restamped, info.lastKey = new(atomic.Bool), new(atomic.Bool), new(atomic.Pointer[[]byte])
-		if info.refused != "" {
+		switch {
+		case info.transient:
+			r.limitReached.Do(func() {
+				r.log.Warn("kafka.max_new_topics_per_hour reached: rows for topics that do not exist yet are dead-lettered with the reason until fewer were created in the last hour",
+					"limit", r.opts.Kafka.MaxNewTopicsPerHour, "topic", p.topic)
+			})
+		case info.refused != "":
 			r.log.Warn("topic refused: records routed to it are undeliverable", "topic", p.topic, "reason", info.refused)
 		}
 	}
 	r.prepMu.Lock()
 	p.info, p.err, p.open = info, err, false
 	delete(r.preps, p.topic)
-	if err == nil {
+	if err == nil && !info.transient {
 		r.topics.Store(p.topic, info)
 	}
 	r.prepMu.Unlock()
@@ -1124,7 +1136,10 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		}
 		return fmt.Errorf("%s topic %s: %w", what, topic, err)
 	}
-	mayCreate := r.opts.Kafka.CreateTopics
+	mayCreate, limited := r.opts.Kafka.CreateTopics, false
+	if mayCreate && !r.opts.TopicCreations.take(time.Now()) {
+		mayCreate, limited = false, true
+	}
 	if mayCreate {
 		resp, err := r.admin.CreateTopic(ctx, r.opts.Kafka.TopicPartitions, r.opts.Kafka.TopicReplicationFactor, TopicConfigs(r.opts.Kafka), topic)
 		switch {
@@ -1133,13 +1148,16 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 			info.partitions = resp.NumPartitions
 			r.waitTopicLeaders(ctx, topic)
 		case errors.Is(err, kerr.TopicAlreadyExists):
+			r.opts.TopicCreations.refund()
 		case errors.Is(err, kerr.InvalidTopicException):
+			r.opts.TopicCreations.refund()
 			info.refused = fmt.Sprintf("kafka refused to create topic %s (an invalid name, or one colliding with an existing topic when '.' and '_' are taken as equal): %v", topic, err)
 			return info, nil
 		case deniedCreate(err):
 			// Kafka checks CREATE before it checks whether the topic exists: a principal that may
 			// write existing topics but not create them meets this for every topic. An existing one
 			// is used; a missing one is refused as with kafka.create_topics off.
+			r.opts.TopicCreations.refund()
 			mayCreate = false
 			r.noteCreateDenied(err)
 		case errors.Is(err, kerr.InvalidConfig), errors.Is(err, kerr.PolicyViolation):
@@ -1159,6 +1177,12 @@ func (r *Router) fetchTopic(ctx context.Context, topic string) (topicInfo, error
 		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
 			if !r.opts.Kafka.CreateTopics {
 				info.refused = fmt.Sprintf("topic %s does not exist and kafka.create_topics is off", topic)
+				return info, nil
+			}
+			if limited {
+				info.refused = fmt.Sprintf("topic %s does not exist and the router created kafka.max_new_topics_per_hour (%d) topics in the last hour: a routing column with values no one planned creates a topic per value; "+
+					"create the topic, or raise the limit", topic, r.opts.Kafka.MaxNewTopicsPerHour)
+				info.transient = true
 				return info, nil
 			}
 			if !mayCreate {
