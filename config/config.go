@@ -117,6 +117,12 @@ type Postgres struct {
 	// PasswordFile, when set, is a file holding the password of URL's user (a mounted Secret: the Helm
 	// chart gives each source of a fleet its own). It is read at start; the URL must not hold one.
 	PasswordFile string `yaml:"password_file"`
+	// PasswordCommand, when set, is a command (run with sh -c) that prints the password of URL's user,
+	// run for every new connection: short-lived credentials (RDS/Aurora IAM tokens, Cloud SQL and
+	// Azure Entra access tokens) and passwords rotated on the server are picked up at the next
+	// connection. It sees PGHOST, PGPORT, PGUSER and PGDATABASE; its output is never logged. The URL
+	// must not hold a password, nor postgres.password_file be set.
+	PasswordCommand string `yaml:"password_command"`
 	// StandbyURLs are the standbys that should be able to take over the slot at a failover
 	// (PostgreSQL 17+ failover slots); status and init check and explain their readiness.
 	StandbyURLs []string `yaml:"standby_urls"`
@@ -514,6 +520,16 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 
 // applyPasswordFile reads postgres.password_file into the URL's user information.
 func (c *Config) applyPasswordFile() error {
+	if c.Postgres.PasswordCommand != "" {
+		switch u, err := url.Parse(c.Postgres.URL); {
+		case c.Postgres.PasswordFile != "":
+			return errors.New("postgres.password_command: postgres.password_file is set too; give the password in one place")
+		case err == nil && u.User != nil:
+			if _, has := u.User.Password(); has {
+				return errors.New("postgres.password_command: postgres.url holds a password already; give the password in one place")
+			}
+		}
+	}
 	if c.Postgres.PasswordFile == "" {
 		return nil
 	}

@@ -106,6 +106,7 @@ func keyValues(p func(c *Config) *map[string]string) func(*Config, string) error
 var settings = []setting{
 	{"postgres.url", "OUTBOX_CDC_POSTGRES", "postgres", "PostgreSQL URL (role with REPLICATION)", str(func(c *Config) *string { return &c.Postgres.URL })},
 	{"postgres.standby_urls", "OUTBOX_CDC_STANDBY_URLS", "", "", list(func(c *Config) *[]string { return &c.Postgres.StandbyURLs })},
+	{"postgres.password_command", "OUTBOX_CDC_PASSWORD_COMMAND", "", "", str(func(c *Config) *string { return &c.Postgres.PasswordCommand })},
 	{"postgres.password_file", "OUTBOX_CDC_PASSWORD_FILE", "", "", str(func(c *Config) *string { return &c.Postgres.PasswordFile })},
 	{"postgres.table", "OUTBOX_CDC_TABLE", "table", "outbox table, schema-qualified", str(func(c *Config) *string { return &c.Postgres.Table })},
 	{"postgres.ignore_tables", "OUTBOX_CDC_IGNORE_TABLES", "", "", list(func(c *Config) *[]string { return &c.Postgres.IgnoreTables })},

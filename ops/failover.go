@@ -32,16 +32,17 @@ type StandbyReport struct {
 	Problems []string `json:"problems"`
 }
 
-// gatherFailover reads the primary's failover facts on cat and each standby's.
-func gatherFailover(ctx context.Context, cat *replication.Catalog, slot string, standbys []string) (*FailoverReport, error) {
-	primary, err := cat.PrimaryFailover(ctx)
+// gatherFailover reads the primary's failover facts on cat and each standby's (reached with the
+// primary's password command, if any).
+func gatherFailover(ctx context.Context, cat *replication.Catalog, slot string, primary replication.Target, standbys []string) (*FailoverReport, error) {
+	facts, err := cat.PrimaryFailover(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rep := &FailoverReport{Primary: primary}
+	rep := &FailoverReport{Primary: facts}
 	for _, url := range standbys {
 		sr := StandbyReport{Target: config.Target(url, "postgres.standby_urls")}
-		sc, err := replication.OpenCatalog(ctx, url)
+		sc, err := replication.OpenCatalog(ctx, primary.At(url))
 		if err != nil {
 			sr.Error = err.Error()
 			rep.Standbys = append(rep.Standbys, sr)
@@ -139,7 +140,7 @@ func standbyProblems(sb StandbyReport, slot replication.SlotState, p replication
 // each standby of postgres.standby_urls. A standby that is not ready yet is explained, not an error:
 // right after the slot is created its copy on a standby is still temporary.
 func reportFailover(ctx context.Context, w io.Writer, cat *replication.Catalog, cfg config.Config) error {
-	rep, err := gatherFailover(ctx, cat, cfg.Postgres.Slot, cfg.Postgres.StandbyURLs)
+	rep, err := gatherFailover(ctx, cat, cfg.Postgres.Slot, replication.TargetOf(cfg.Postgres), cfg.Postgres.StandbyURLs)
 	if err != nil {
 		return err
 	}

@@ -118,7 +118,7 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 	if _, err := pipeline.New(cfg, slog.New(slog.DiscardHandler)); err != nil {
 		return err
 	}
-	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
 	}

@@ -126,7 +126,7 @@ func GatherStatus(ctx context.Context, cfg config.Config) Status {
 // server's timeline takes a replication connection (IDENTIFY_SYSTEM, TIMELINE_HISTORY), as run's does.
 func gatherCheckpoint(ctx context.Context, cfg config.Config) *CheckpointReport {
 	rep := &CheckpointReport{Topic: cfg.Kafka.CheckpointTopic}
-	srv, err := identifyServer(ctx, cfg.Postgres.URL)
+	srv, err := identifyServer(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		rep.Error = err.Error()
 		return rep
@@ -147,9 +147,9 @@ func gatherCheckpoint(ctx context.Context, cfg config.Config) *CheckpointReport 
 	return rep
 }
 
-// identifyServer asks the server at url who it is over a replication connection of its own.
-func identifyServer(ctx context.Context, url string) (replication.Server, error) {
-	conn, err := replication.Connect(ctx, url)
+// identifyServer asks the server at t who it is over a replication connection of its own.
+func identifyServer(ctx context.Context, t replication.Target) (replication.Server, error) {
+	conn, err := replication.Connect(ctx, t)
 	if err != nil {
 		return replication.Server{}, err
 	}
@@ -158,7 +158,7 @@ func identifyServer(ctx context.Context, url string) (replication.Server, error)
 }
 
 func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.Outbox, st *Status) error {
-	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", cfg.PostgresTarget(), err)
 	}
@@ -181,7 +181,7 @@ func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.O
 		}
 		st.Tables = append(st.Tables, state)
 	}
-	if st.Failover, err = gatherFailover(ctx, cat, cfg.Postgres.Slot, cfg.Postgres.StandbyURLs); err != nil {
+	if st.Failover, err = gatherFailover(ctx, cat, cfg.Postgres.Slot, replication.TargetOf(cfg.Postgres), cfg.Postgres.StandbyURLs); err != nil {
 		return err
 	}
 	st.Failover.trail(st.Slot)

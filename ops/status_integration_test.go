@@ -22,7 +22,7 @@ func TestStatusCountsRowsTheStatisticsDoNotKnow(t *testing.T) {
 	cfg := config.Default()
 	cfg.Postgres.URL, cfg.Postgres.Table, cfg.Postgres.Publication, cfg.Postgres.Slot = f.PostgresURL, f.Table, f.Publication, f.Slot
 	cfg.Kafka.Brokers = f.Brokers
-	cat, err := replication.OpenCatalog(ctx, f.PostgresURL)
+	cat, err := replication.OpenCatalog(ctx, replication.Target{URL: f.PostgresURL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -276,7 +276,7 @@ func (p *Pipeline) pollSlot(ctx context.Context, poke <-chan struct{}) {
 		var err error
 		reused := mon != nil
 		if mon == nil {
-			mon, err = replication.OpenMonitor(pctx, p.cfg.Postgres.URL)
+			mon, err = replication.OpenMonitor(pctx, replication.TargetOf(p.cfg.Postgres))
 		}
 		var st replication.SlotState
 		if err == nil {
@@ -286,7 +286,7 @@ func (p *Pipeline) pollSlot(ctx context.Context, poke <-chan struct{}) {
 			// The connection may have ended since the last poll (the server restarted, a proxy or a
 			// script ended an idle connection): a new one answers now rather than a poll later.
 			_ = mon.Close(context.Background())
-			if mon, err = replication.OpenMonitor(pctx, p.cfg.Postgres.URL); err == nil {
+			if mon, err = replication.OpenMonitor(pctx, replication.TargetOf(p.cfg.Postgres)); err == nil {
 				st, err = mon.Slot(pctx, p.cfg.Postgres.Slot)
 			}
 		}

@@ -100,7 +100,7 @@ func testAnswersWhileWaiting(t *testing.T, h replication.Handler, release *time.
 		u.RawQuery += "&"
 	}
 	u.RawQuery += "options=-c%20wal_sender_timeout%3D2s"
-	conn, err := replication.Connect(ctx, u.String())
+	conn, err := replication.Connect(ctx, replication.Target{URL: u.String()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -511,7 +511,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		s.close()
 		return err
 	}
-	v := &verifier{url: cfg.Postgres.URL, cat: s.cat, outbox: p.outbox(), more: p.tables(), log: p.log, obs: &p.obs, last: res.Verified,
+	v := &verifier{target: replication.TargetOf(cfg.Postgres), cat: s.cat, outbox: p.outbox(), more: p.tables(), log: p.log, obs: &p.obs, last: res.Verified,
 		giveUp: cfg.Postgres.ReceiveTimeout}
 	defer func() { c.verified = v.last }()
 	p.obs.markVerified(time.Now())
@@ -773,7 +773,7 @@ func (p *Pipeline) handOver(srv replication.Server) {
 // held by this process's previous session is taken back.
 func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
 	cfg := p.cfg
-	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return nil, err
 	}
@@ -885,7 +885,7 @@ func (s *session) close() {
 // connection refused for a reason set-up names (a role without REPLICATION, wal_level below logical)
 // is explained over the catalog connection cat.
 func (p *Pipeline) connect(ctx context.Context, cat *replication.Catalog) (*pgconn.PgConn, replication.Server, error) {
-	conn, err := replication.Connect(ctx, p.cfg.Postgres.URL)
+	conn, err := replication.Connect(ctx, replication.TargetOf(p.cfg.Postgres))
 	if err != nil {
 		return nil, replication.Server{}, cat.ExplainConnectFailure(ctx, err)
 	}
@@ -921,7 +921,7 @@ const verifyTimeout = 5 * time.Second
 // A table dropped, re-created, removed from the publication (even if added back in between), or a
 // publication dropped or re-created, stops the session; until the check succeeds again, confirms wait.
 type verifier struct {
-	url    string
+	target replication.Target
 	cat    *replication.Catalog // nil after a failure, until reconnected
 	outbox replication.Outbox
 	more   []replication.Outbox // the further outbox tables
@@ -989,7 +989,7 @@ func (v *verifier) once(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 	defer cancel()
 	if v.cat == nil {
-		cat, err := replication.OpenCatalog(ctx, v.url)
+		cat, err := replication.OpenCatalog(ctx, v.target)
 		if err != nil {
 			return err
 		}
@@ -1033,7 +1033,7 @@ func (v *verifier) close() {
 // baseType is the stream's BaseType: it asks the catalog over a connection of its own (the stream
 // asks once per user-defined type of an outbox column the router reads, so rarely).
 func (p *Pipeline) baseType(ctx context.Context, oid uint32) (uint32, error) {
-	cat, err := replication.OpenCatalog(ctx, p.cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(p.cfg.Postgres))
 	if err != nil {
 		return 0, err
 	}
@@ -1059,7 +1059,7 @@ func (p *Pipeline) identify(ctx context.Context) error {
 	if !p.cfg.Kafka.ExactlyOnce() || p.slotID != nil {
 		return nil
 	}
-	sys, db, err := replication.Identify(ctx, p.cfg.Postgres.URL)
+	sys, db, err := replication.Identify(ctx, replication.TargetOf(p.cfg.Postgres))
 	if err != nil {
 		return err
 	}

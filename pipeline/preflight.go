@@ -24,7 +24,7 @@ func Preflight(ctx context.Context, cfg config.Config, log *slog.Logger, createC
 	if err != nil {
 		return nil, err
 	}
-	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return nil, err
 	}

@@ -71,7 +71,7 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 // throughout, so that a router waits as a standby meanwhile and a second resync is refused.
 func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *ResyncResult) error {
 	cfg := p.cfg
-	cat, err := replication.OpenCatalog(ctx, cfg.Postgres.URL)
+	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		}
 		p.log.Info("dropped replication slot for resync", "slot", cfg.Postgres.Slot)
 	}
-	repl, err := replication.Connect(ctx, cfg.Postgres.URL)
+	repl, err := replication.Connect(ctx, replication.TargetOf(cfg.Postgres))
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 		}
 	}()
 	for range snapshotConnections {
-		snap, err := replication.OpenSnapshot(ctx, cfg.Postgres.URL, name)
+		snap, err := replication.OpenSnapshot(ctx, replication.TargetOf(cfg.Postgres), name)
 		if err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ func (p *Pipeline) resyncSnapshot(ctx context.Context, o ResyncOptions, res *Res
 
 // checkReadable opens a snapshot connection and checks that it can read every outbox table's rows.
 func (p *Pipeline) checkReadable(ctx context.Context) error {
-	snap, err := replication.OpenSnapshot(ctx, p.cfg.Postgres.URL, "")
+	snap, err := replication.OpenSnapshot(ctx, replication.TargetOf(p.cfg.Postgres), "")
 	if err != nil {
 		return err
 	}
@@ -339,7 +339,7 @@ func snapshotBatchBytes(maxInFlight int64) int64 {
 
 // dryRun counts, in a repeatable-read snapshot of now, the rows a resync would publish per topic.
 func (p *Pipeline) dryRun(ctx context.Context, o ResyncOptions, res ResyncResult) (ResyncResult, error) {
-	snap, err := replication.OpenSnapshot(ctx, p.cfg.Postgres.URL, "")
+	snap, err := replication.OpenSnapshot(ctx, replication.TargetOf(p.cfg.Postgres), "")
 	if err != nil {
 		return res, err
 	}

@@ -22,21 +22,24 @@ type Catalog struct {
 	version int // server_version_num, once read
 }
 
-// OpenCatalog connects to the database at url for catalog work.
-func OpenCatalog(ctx context.Context, url string) (*Catalog, error) {
-	return openCatalog(ctx, url, "outbox-cdc")
+// OpenCatalog connects to the database at t for catalog work.
+func OpenCatalog(ctx context.Context, t Target) (*Catalog, error) {
+	return openCatalog(ctx, t, "outbox-cdc")
 }
 
-// OpenMonitor connects to the database at url for the slot monitor (application_name
+// OpenMonitor connects to the database at t for the slot monitor (application_name
 // outbox-cdc-monitor, so that pg_stat_activity tells it apart).
-func OpenMonitor(ctx context.Context, url string) (*Catalog, error) {
-	return openCatalog(ctx, url, "outbox-cdc-monitor")
+func OpenMonitor(ctx context.Context, t Target) (*Catalog, error) {
+	return openCatalog(ctx, t, "outbox-cdc-monitor")
 }
 
-func openCatalog(ctx context.Context, url, application string) (*Catalog, error) {
-	cfg, err := pgx.ParseConfig(url)
+func openCatalog(ctx context.Context, t Target, application string) (*Catalog, error) {
+	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+	}
+	if err := t.password(ctx, &cfg.Config); err != nil {
+		return nil, err
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = application

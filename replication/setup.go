@@ -13,11 +13,14 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/config"
 )
 
-// Connect opens a replication connection (replication=database) to the database at url.
-func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
-	cfg, err := pgconn.ParseConfig(url)
+// Connect opens a replication connection (replication=database) to the database at t.
+func Connect(ctx context.Context, t Target) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(t.URL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+	}
+	if err := t.password(ctx, cfg); err != nil {
+		return nil, err
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	pinSessionSettings(cfg.RuntimeParams) // pgoutput writes values under the walsender's settings
@@ -121,8 +124,8 @@ func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, slot strin
 // id). It asks over an ordinary connection (pg_control_system(), executable by everyone unless a
 // service revoked it), so that a role without REPLICATION gets set-up's clear error rather than
 // this one's; where that is refused it asks IDENTIFY_SYSTEM over a replication connection.
-func Identify(ctx context.Context, url string) (systemID, database string, err error) {
-	cat, err := OpenCatalog(ctx, url)
+func Identify(ctx context.Context, t Target) (systemID, database string, err error) {
+	cat, err := OpenCatalog(ctx, t)
 	if err != nil {
 		return "", "", err
 	}
@@ -131,7 +134,7 @@ func Identify(ctx context.Context, url string) (systemID, database string, err e
 	if err == nil {
 		return systemID, database, nil
 	}
-	conn, cerr := Connect(ctx, url)
+	conn, cerr := Connect(ctx, t)
 	if cerr != nil {
 		return "", "", fmt.Errorf("identify the database system: %w", errors.Join(err, cerr))
 	}

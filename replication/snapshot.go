@@ -63,16 +63,19 @@ func (s *Snapshot) SetBatchBytes(n int64) {
 // TRANSACTION SNAPSHOT, which takes no parameters.
 var exportedSnapshotRE = regexp.MustCompile(`^[0-9A-Fa-f-]{1,64}$`)
 
-// OpenSnapshot starts a repeatable-read, read-only transaction on a new connection to url; with a
+// OpenSnapshot starts a repeatable-read, read-only transaction on a new connection to t; with a
 // non-empty name it imports that exported snapshot (the replication connection that exported it must
 // still be open and idle).
-func OpenSnapshot(ctx context.Context, url, name string) (*Snapshot, error) {
+func OpenSnapshot(ctx context.Context, t Target, name string) (*Snapshot, error) {
 	if name != "" && !exportedSnapshotRE.MatchString(name) {
 		return nil, fmt.Errorf("unexpected exported snapshot name %q", name)
 	}
-	cfg, err := pgx.ParseConfig(url)
+	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+	}
+	if err := t.password(ctx, &cfg.Config); err != nil {
+		return nil, err
 	}
 	pinSessionSettings(cfg.RuntimeParams) // the rows are read in text form
 	pinTimers(cfg.RuntimeParams)          // a sort, a lock or a turn may take long

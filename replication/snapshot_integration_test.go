@@ -23,7 +23,7 @@ func TestSnapshotBatchesAreBoundedByBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	schema, table := SplitTable(f.Table)
-	snap, err := OpenSnapshot(ctx, f.PostgresURL, "")
+	snap, err := OpenSnapshot(ctx, Target{URL: f.PostgresURL}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestSnapshotStopsWhenTheCallerFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	schema, table := SplitTable(f.Table)
-	snap, err := OpenSnapshot(ctx, f.PostgresURL, "")
+	snap, err := OpenSnapshot(ctx, Target{URL: f.PostgresURL}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestSnapshotInParts(t *testing.T) {
 	o := Outbox{Schema: schema, Table: table}
 	var snaps []*Snapshot
 	for range 2 {
-		snap, err := OpenSnapshot(ctx, f.PostgresURL, "")
+		snap, err := OpenSnapshot(ctx, Target{URL: f.PostgresURL}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
