@@ -270,3 +270,18 @@ func (c *Cluster) StandbyOn(t TB, port int, physicalSlot string, settings ...str
 	t.Cleanup(func() { _ = sb.pgCtl("-D", sb.data, "-m", "immediate", "-w", "stop").Run() })
 	return sb
 }
+
+// WriteFile writes a file into the cluster's data directory, owned by the server's user, with mode
+// (a TLS key must be 0600).
+func (c *Cluster) WriteFile(t TB, name string, data []byte, mode os.FileMode) {
+	t.Helper()
+	path := filepath.Join(c.data, name)
+	cmd := c.asPG("sh", "-c", fmt.Sprintf("cat > %s && chmod %o %s", path, mode, path))
+	cmd.Stdin = strings.NewReader(string(data))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("write %s: %v\n%s", path, err, out)
+	}
+}
+
+// Configure appends lines to the cluster's postgresql.conf (later lines win); a restart applies them.
+func (c *Cluster) Configure(t TB, lines ...string) { c.appendConf(t, lines...) }
