@@ -372,13 +372,54 @@ type KafkaTLS struct {
 
 // KafkaSASL configures SASL authentication to the brokers.
 type KafkaSASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty turns SASL off.
+	// Mechanism is PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM; empty turns SASL
+	// off.
 	Mechanism string `yaml:"mechanism"`
 	// Username is the SASL user.
 	Username string `yaml:"username"`
 	// Password is best given by OUTBOX_CDC_KAFKA_SASL_PASSWORD rather than in the file.
 	Password string `yaml:"password"`
+	// OAuth configures OAUTHBEARER: tokens from an OIDC provider's token endpoint (client
+	// credentials), or from a file something else keeps fresh.
+	OAuth KafkaOAuth `yaml:"oauth"`
+	// AWS configures AWS_MSK_IAM (Amazon MSK's IAM access control): credentials come from the
+	// standard AWS chain (environment, shared files, web identity/IRSA, ECS and EC2 roles).
+	AWS KafkaAWS `yaml:"aws"`
 }
+
+// KafkaOAuth configures SASL/OAUTHBEARER.
+type KafkaOAuth struct {
+	// TokenURL is the OIDC provider's token endpoint; ClientID and ClientSecretFile (a file holding
+	// the secret, read at each token request so that a rotated Secret is picked up) the client's
+	// credentials; Scope the scope asked for (space-separated; empty: none).
+	TokenURL         string `yaml:"token_url"`
+	ClientID         string `yaml:"client_id"`
+	ClientSecretFile string `yaml:"client_secret_file"`
+	Scope            string `yaml:"scope"`
+	// ClientAuth is how the client authenticates to the token endpoint: basic (HTTP Basic, the
+	// default) or post (client_id and client_secret in the form).
+	ClientAuth string `yaml:"client_auth"`
+	// TokenFile, instead of the token endpoint, is a file holding a token that something else keeps
+	// fresh (a sidecar, a projected service account token); it is read at every authentication.
+	TokenFile string `yaml:"token_file"`
+	// Extensions are SASL extensions sent with the token (Confluent Cloud: logicalCluster,
+	// identityPoolId).
+	Extensions map[string]string `yaml:"extensions"`
+}
+
+// KafkaAWS configures AWS_MSK_IAM.
+type KafkaAWS struct {
+	// Region is the cluster's region; empty takes the AWS chain's (AWS_REGION, the shared config).
+	Region string `yaml:"region"`
+}
+
+// The SASL mechanisms beyond user and password.
+const (
+	// SASLOAuthBearer is SASL/OAUTHBEARER with an OIDC token.
+	SASLOAuthBearer = "OAUTHBEARER"
+	// SASLAWSMSKIAM is Amazon MSK's IAM access control.
+	SASLAWSMSKIAM = "AWS_MSK_IAM"
+)
 
 // Routing chooses each row's topic.
 type Routing struct {
@@ -635,14 +676,30 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	if c.Kafka.MaxMessageBytes < 1024 {
 		bad("kafka.max_message_bytes", "must be at least 1024, got %d", c.Kafka.MaxMessageBytes)
 	}
-	switch strings.ToUpper(c.Kafka.SASL.Mechanism) {
+	switch o := c.Kafka.SASL.OAuth; strings.ToUpper(c.Kafka.SASL.Mechanism) {
 	case "":
 	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
 		if c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "" {
 			bad("kafka.sasl", "mechanism %s needs kafka.sasl.username and kafka.sasl.password", c.Kafka.SASL.Mechanism)
 		}
+	case SASLOAuthBearer:
+		switch {
+		case o.TokenFile != "" && o.TokenURL != "":
+			bad("kafka.sasl.oauth", "set token_url (with client_id and client_secret_file) or token_file, not both")
+		case o.TokenFile == "" && (o.TokenURL == "" || o.ClientID == "" || o.ClientSecretFile == ""):
+			bad("kafka.sasl.oauth", "OAUTHBEARER needs token_url, client_id and client_secret_file (an OIDC client-credentials flow), or token_file")
+		case o.TokenURL != "" && !strings.HasPrefix(o.TokenURL, "https://") && !strings.HasPrefix(o.TokenURL, "http://"):
+			bad("kafka.sasl.oauth.token_url", "must be an http(s):// URL, got %q", o.TokenURL)
+		}
+		if o.ClientAuth != "" && o.ClientAuth != "basic" && o.ClientAuth != "post" {
+			bad("kafka.sasl.oauth.client_auth", "must be basic or post, got %q", o.ClientAuth)
+		}
+	case SASLAWSMSKIAM:
+		if !c.Kafka.TLS.Enabled {
+			bad("kafka.sasl.mechanism", "AWS_MSK_IAM needs kafka.tls.enabled: MSK takes IAM only over TLS (port 9098)")
+		}
 	default:
-		bad("kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", c.Kafka.SASL.Mechanism)
+		bad("kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM, got %q", c.Kafka.SASL.Mechanism)
 	}
 	for key, file := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
 		if file == "" {

@@ -103,6 +103,14 @@ func TestValidationNamesKeys(t *testing.T) {
 		{"source without cloudevents", func(c *Config) { c.Kafka.CloudEventsSource = "/x" }, "kafka.cloudevents_source"},
 		{"cloudevents without a type column", func(c *Config) { c.Kafka.HeaderFormat, c.Postgres.Columns.EventType = HeaderFormatCloudEvents, "" }, "postgres.columns.event_type"},
 		{"ignoring the outbox", func(c *Config) { c.Postgres.IgnoreTables = []string{"outbox"} }, "postgres.ignore_tables"},
+		{"oauth without a token endpoint", func(c *Config) { c.Kafka.SASL.Mechanism = SASLOAuthBearer }, "kafka.sasl.oauth"},
+		{"oauth with both sources", func(c *Config) {
+			c.Kafka.SASL = KafkaSASL{Mechanism: SASLOAuthBearer, OAuth: KafkaOAuth{TokenURL: "https://idp/token", ClientID: "x", ClientSecretFile: "/s", TokenFile: "/t"}}
+		}, "kafka.sasl.oauth"},
+		{"oauth client auth", func(c *Config) {
+			c.Kafka.SASL = KafkaSASL{Mechanism: SASLOAuthBearer, OAuth: KafkaOAuth{TokenFile: "/t", ClientAuth: "jwt"}}
+		}, "kafka.sasl.oauth.client_auth"},
+		{"msk iam without tls", func(c *Config) { c.Kafka.SASL.Mechanism = SASLAWSMSKIAM }, "kafka.sasl.mechanism"},
 		{"ignoring a three-part name", func(c *Config) { c.Postgres.IgnoreTables = []string{"a.b.c"} }, "postgres.ignore_tables"},
 	}
 	for _, tt := range tests {

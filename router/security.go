@@ -52,8 +52,12 @@ func ClientOpts(k config.Kafka) ([]kgo.Opt, error) {
 		opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()))
 	case "SCRAM-SHA-512":
 		opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
+	case config.SASLOAuthBearer:
+		opts = append(opts, kgo.SASL(NewTokenSource(k.SASL.OAuth).Mechanism()))
+	case config.SASLAWSMSKIAM:
+		opts = append(opts, kgo.SASL(mskIAM(k.SASL.AWS)))
 	default:
-		return nil, errors.New("kafka.sasl.mechanism: must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+		return nil, errors.New("kafka.sasl.mechanism: must be PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM")
 	}
 	return opts, nil
 }

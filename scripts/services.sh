@@ -27,6 +27,9 @@ KAFKA_TLS_PORT="${OUTBOX_CDC_KAFKA_TLS_PORT:-59095}"
 # bench starts a delaying proxy (go run ./bench -kafka-rtt 20ms): a broker "across a network".
 KAFKA_REMOTE_PORT="${OUTBOX_CDC_KAFKA_REMOTE_PORT:-59096}"
 KAFKA_REMOTE_PROXY_PORT="${OUTBOX_CDC_KAFKA_REMOTE_PROXY_PORT:-59097}"
+# A SASL/OAUTHBEARER listener that validates JWTs against the JWKS of a test key (scripts/oidc), and
+# makes connections re-authenticate every 5 s: the tests of kafka.sasl.oauth with expiring tokens.
+KAFKA_OAUTH_PORT="${OUTBOX_CDC_KAFKA_OAUTH_PORT:-59098}"
 # The PostgreSQL version: PG if given, else the one last started (for down, status, pg-restart), else 15.
 if [ -n "${PG:-}" ]; then PG_VERSION="$PG"
 elif [ -f "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version" ]; then PG_VERSION="$(cat "${OUTBOX_CDC_DEV_DIR:-$ROOT/.dev}/pg-version")"
@@ -278,7 +281,7 @@ ports_free() {
     sleep 0.5
   done
   ss -tanp "( sport = :$held )" >&2 || true
-  die "port $held is held by the socket above; stop that process, or choose other ports (OUTBOX_CDC_PG_PORT, OUTBOX_CDC_KAFKA_PORT, OUTBOX_CDC_KAFKA_CONTROLLER_PORT, OUTBOX_CDC_KAFKA_SASL_PORT, OUTBOX_CDC_KAFKA_TLS_PORT, OUTBOX_CDC_KAFKA_REMOTE_PORT)"
+  die "port $held is held by the socket above; stop that process, or choose other ports (OUTBOX_CDC_PG_PORT, OUTBOX_CDC_KAFKA_PORT, OUTBOX_CDC_KAFKA_CONTROLLER_PORT, OUTBOX_CDC_KAFKA_SASL_PORT, OUTBOX_CDC_KAFKA_TLS_PORT, OUTBOX_CDC_KAFKA_REMOTE_PORT, OUTBOX_CDC_KAFKA_OAUTH_PORT)"
 }
 
 kafka_running() {
@@ -301,21 +304,35 @@ kafka_tls() {
   ) || die "could not make the test broker's certificate"
 }
 
+# The test OIDC provider's key and JWKS for the OAUTHBEARER listener (written once).
+kafka_oidc() {
+  (cd "$ROOT" && go run ./scripts/oidc -dir "$KAFKA_DIR/oidc") || die "could not write the test OIDC key (go run ./scripts/oidc)"
+}
+
 kafka_up() {
   command -v java >/dev/null || die "java 17+ is needed to run the Kafka broker (apt-get install -y openjdk-17-jre-headless)"
   kafka_libs
   if kafka_running; then log "kafka already running on port $KAFKA_PORT"; return; fi
   kafka_tls
+  kafka_oidc
   mkdir -p "$KAFKA_DIR/data"
   cat > "$KAFKA_DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PROXY_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PORT,OAUTH://127.0.0.1:$KAFKA_OAUTH_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,REMOTE://127.0.0.1:$KAFKA_REMOTE_PROXY_PORT,OAUTH://127.0.0.1:$KAFKA_OAUTH_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,REMOTE:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,REMOTE:PLAINTEXT,OAUTH:SASL_PLAINTEXT
+# OAUTHBEARER: JWTs of the test provider (its JWKS a file), re-authenticated every 5 s.
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;
+listener.name.oauth.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
+listener.name.oauth.oauthbearer.connections.max.reauth.ms=5000
+sasl.oauthbearer.jwks.endpoint.url=file://$KAFKA_DIR/oidc/jwks.json
+sasl.oauthbearer.expected.audience=outbox-cdc-test
+sasl.oauthbearer.expected.issuer=outbox-cdc-test-idp
 # A SASL listener (PLAIN and SCRAM-SHA-256, user outbox) and a TLS listener, for the tests of kafka.sasl.* and kafka.tls.*
 sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_outbox="outbox-secret";
@@ -326,7 +343,7 @@ listener.name.ssl.ssl.keystore.location=$KAFKA_DIR/tls/server.pem
 # deployment has; everyone the other tests connect as (the plaintext listeners' ANONYMOUS, the SASL
 # user outbox) is a super user, as before.
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
-super.users=User:ANONYMOUS;User:outbox
+super.users=User:ANONYMOUS;User:outbox;User:outbox-oidc
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -360,7 +377,7 @@ L4J
       format --standalone -t "$id" -c "$KAFKA_DIR/server.properties" \
       --add-scram 'SCRAM-SHA-256=[name=outbox,password=outbox-secret]' >/dev/null
   fi
-  local ports=("$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" "$KAFKA_REMOTE_PORT")
+  local ports=("$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" "$KAFKA_REMOTE_PORT" "$KAFKA_OAUTH_PORT")
   reserve_ports "${ports[@]}"
   # A port can still be taken by a client's TIME-WAIT socket (no SO_REUSEADDR there) for up to 60 s, or
   # between the check and the broker's bind: on "Address already in use", start again, for up to 90 s.
@@ -370,6 +387,7 @@ L4J
     log "starting kafka on 127.0.0.1:$KAFKA_PORT"
     local logged; logged="$(stat -c %s "$KAFKA_DIR/broker.log" 2>/dev/null || echo 0)"
     nohup java -Xms512m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+      -Dorg.apache.kafka.sasl.oauthbearer.allowed.urls="file://$KAFKA_DIR/oidc/jwks.json" \
       -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" > "$KAFKA_DIR/stdout.log" 2>&1 &
     echo $! > "$KAFKA_DIR/kafka.pid"
     for _ in $(seq 1 120); do
@@ -412,6 +430,8 @@ OUTBOX_CDC_TEST_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
 OUTBOX_CDC_TEST_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
 OUTBOX_CDC_TEST_REMOTE_LISTENER=127.0.0.1:$KAFKA_REMOTE_PORT
 OUTBOX_CDC_TEST_REMOTE_BROKERS=127.0.0.1:$KAFKA_REMOTE_PROXY_PORT
+OUTBOX_CDC_TEST_OAUTH_BROKERS=127.0.0.1:$KAFKA_OAUTH_PORT
+OUTBOX_CDC_TEST_OAUTH_KEY=$KAFKA_DIR/oidc/key.pem
 ENV
   log "wrote $DEV/env"
 }
