@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -61,6 +62,10 @@ type Config struct {
 	// envPassword is PGPASSWORD from the environment Load read: pgx uses it when the URL has no
 	// password (the Helm chart's way), so it is a secret to scrub like one in the URL.
 	envPassword string
+	// filesLater is set on a source of a sources list: a TLS file its configuration names that does
+	// not exist yet (a Secret mounted late) is no error at start; the source waits for it, retried on
+	// a backoff, while the others stream.
+	filesLater bool
 }
 
 // Fleet configures the instances that share a sources list: each source is streamed by one instance
@@ -616,7 +621,9 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 		bad("postgres.url", "must be a postgres:// URL (the value is not shown: it may hold a password)")
 	} else if _, err := pgconn.ParseConfig(c.Postgres.URL); err != nil {
 		// pgconn hides the password in its own messages; callers scrub the rest with Secrets.
-		bad("postgres.url", "%v", err)
+		if !(c.filesLater && errors.Is(err, fs.ErrNotExist)) {
+			bad("postgres.url", "%v", err)
+		}
 	}
 	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
 		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
@@ -707,7 +714,9 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 		}
 		if !c.Kafka.TLS.Enabled {
 			bad(key, "is set but kafka.tls.enabled is false")
-		} else if data, err := os.ReadFile(file); err != nil {
+		} else if data, err := os.ReadFile(file); c.filesLater && errors.Is(err, fs.ErrNotExist) {
+			// Not there yet: the source waits for it.
+		} else if err != nil {
 			bad(key, "cannot read %s: %v", file, err)
 		} else if key == "kafka.tls.ca_file" && !x509.NewCertPool().AppendCertsFromPEM(data) {
 			bad(key, "%s holds no PEM certificate", file)
@@ -874,7 +883,8 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 // information, escaped and unescaped, and any password=... value), and the SASL password. Loggers
 // and error output hide each wherever it appears.
 func (c *Config) Secrets() []string {
-	out := []string{c.Kafka.SASL.Password, c.envPassword, c.filePassword}
+	// A password command is shown as little as a password: it may carry one (echo ..., a key).
+	out := []string{c.Kafka.SASL.Password, c.envPassword, c.filePassword, c.Postgres.PasswordCommand}
 	add := func(v string) {
 		out = append(out, v)
 		if u, err := url.PathUnescape(v); err == nil && u != v {

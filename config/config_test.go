@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -408,5 +409,15 @@ func TestDebeziumValidation(t *testing.T) {
 	fields, _ := c.Kafka.Debezium.AdditionalFields()
 	if len(fields) != 3 || fields[0] != (AdditionalField{"type", "header", "eventType"}) || fields[2] != (AdditionalField{"part", "partition", "part"}) {
 		t.Fatalf("fields %+v", fields)
+	}
+}
+
+// TestPasswordCommandIsASecret: a password command may carry a password (echo ..., a key on its
+// command line): it is scrubbed like one.
+func TestPasswordCommandIsASecret(t *testing.T) {
+	c := Default()
+	c.Postgres.PasswordCommand = "echo sup3r-s3cret"
+	if !slices.Contains(c.Secrets(), "echo sup3r-s3cret") {
+		t.Errorf("secrets %q lack the password command", c.Secrets())
 	}
 }

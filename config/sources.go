@@ -211,7 +211,7 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 		}
 		own := s.keys()
 		sc.ApplyFormatDefaults(func(key string) bool { return own[key] || explicit(key) })
-		sc.Name = s.Name
+		sc.Name, sc.filesLater = s.Name, true
 		if err := sc.applyPasswordFile(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", label, err))
 		}

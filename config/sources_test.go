@@ -275,3 +275,21 @@ sources:
 		}
 	}
 }
+
+// TestSourceTLSFilesMayComeLater: a TLS file a source's configuration names that does not exist yet
+// (a Secret mounted late) does not refuse a sources list — the source waits for it while the others
+// stream — but still refuses the one-source configuration at start, naming the key.
+func TestSourceTLSFilesMayComeLater(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "not-yet", "ca.pem")
+	url := "postgres://u@h/db1?sslmode=verify-full&sslrootcert=" + missing
+	doc := "kafka: {brokers: [\"h:9092\"]}\nsources:\n  - {name: a, postgres: {url: \"" + url + "\"}}\n  - {name: b, postgres: {url: \"postgres://u@h/db2\"}, kafka: {tls: {enabled: true, ca_file: \"" + missing + "\"}}}\n"
+	if _, err := loadYAML(t, doc, nil); err != nil {
+		t.Fatalf("a sources list whose TLS files are not there yet: %v", err)
+	}
+	if _, err := loadYAML(t, "kafka: {brokers: [\"h:9092\"]}\npostgres: {url: \""+url+"\"}\n", nil); err == nil || !strings.Contains(err.Error(), "postgres.url") {
+		t.Errorf("the one-source configuration with a missing sslrootcert: %v, want a refusal naming postgres.url", err)
+	}
+	if _, err := loadYAML(t, "kafka: {brokers: [\"h:9092\"], tls: {enabled: true, ca_file: \""+missing+"\"}}\npostgres: {url: \"postgres://u@h/db\"}\n", nil); err == nil || !strings.Contains(err.Error(), "kafka.tls.ca_file") {
+		t.Errorf("the one-source configuration with a missing CA file: %v, want a refusal naming kafka.tls.ca_file", err)
+	}
+}

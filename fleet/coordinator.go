@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -145,7 +146,7 @@ func (c *Coordinator) Run(ctx context.Context, sources []Member, ev Events) erro
 	c.mu.Unlock()
 	slices.Sort(topics)
 	// Kafka away at start is no reason to stop: retry, saying why, until the topics are there.
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+	for bo := retryBackoff(); ; {
 		err := c.ensureTopics(ctx, topics)
 		if err == nil {
 			break
@@ -159,8 +160,9 @@ func (c *Coordinator) Run(ctx context.Context, sources []Member, ev Events) erro
 		if errors.Is(err, errStateTopic) {
 			return err
 		}
+		wait := bo.NextBackOff()
 		c.Log.Warn("fleet: cannot set up the coordination topics; no source starts until they are there (needs the right to create them, or create them, compacted, with one partition each)",
-			"topic", c.Topic, "error", err.Error(), "retry_in", wait.String())
+			"topic", c.Topic, "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -233,10 +235,14 @@ func (c *Coordinator) Run(ctx context.Context, sources []Member, ev Events) erro
 	c.group = cl
 	c.mu.Unlock()
 	defer cl.Close() // leaves the group (OnPartitionsRevoked for what is still assigned)
+	defer func() {
+		c.mu.Lock()
+		c.group = nil // a Release still waiting no longer touches the closed client
+		c.mu.Unlock()
+	}()
 	go c.watch(ctx, topics)
 	c.Log.Info("fleet: joining the group that shares the sources", "group", c.Group, "instance", c.Instance, "topic", c.Topic, "sources", len(sources))
-	var lastErr string
-	var lastAt time.Time
+	var repeated throttle
 	var fatal error
 	for ctx.Err() == nil && fatal == nil {
 		// The unit topics hold no records: polling keeps the member going and reports errors (the
@@ -247,10 +253,9 @@ func (c *Coordinator) Run(ctx context.Context, sources []Member, ev Events) erro
 				fatal = c.deniedError(err) // waiting cannot grant it
 				return
 			}
-			if errors.Is(err, context.Canceled) || (err.Error() == lastErr && time.Since(lastAt) < time.Minute) {
+			if errors.Is(err, context.Canceled) || !repeated.allow(err.Error()) {
 				return
 			}
-			lastErr, lastAt = err.Error(), time.Now()
 			c.Log.Warn("fleet: the group member cannot consume a unit topic; the sources it holds stream on, but changes wait", "topic", topic, "partition", p, "error", err.Error())
 		})
 		if fetches.Err0() != nil {
@@ -313,7 +318,7 @@ func (c *Coordinator) record(ev Events, r *kgo.Record) {
 func (c *Coordinator) catchUp(ctx context.Context, cl *kgo.Client, ev Events) error {
 	adm := kadm.NewClient(cl)
 	need := map[int32]int64{} // partition -> end offset still to reach
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+	for bo := retryBackoff(); ; {
 		ends, starts, err := c.offsets(ctx, adm)
 		if err == nil {
 			ends.Each(func(o kadm.ListedOffset) {
@@ -323,7 +328,8 @@ func (c *Coordinator) catchUp(ctx context.Context, cl *kgo.Client, ev Events) er
 			})
 			break
 		}
-		c.Log.Warn("fleet: cannot read the end of the coordination topic; retrying", "topic", c.Topic, "error", err.Error(), "retry_in", wait.String())
+		wait := bo.NextBackOff()
+		c.Log.Warn("fleet: cannot read the end of the coordination topic; retrying", "topic", c.Topic, "error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -387,18 +393,16 @@ func (c *Coordinator) offsets(ctx context.Context, adm *kadm.Client) (ends, star
 
 // readControl applies the state topic's records until ctx ends.
 func (c *Coordinator) readControl(ctx context.Context, cl *kgo.Client, ev Events) {
-	var lastErr string
-	var lastAt time.Time
+	var repeated throttle
 	for ctx.Err() == nil {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			if err.Error() == lastErr && time.Since(lastAt) < time.Minute {
+			if !repeated.allow(err.Error()) {
 				return
 			}
-			lastErr, lastAt = err.Error(), time.Now()
 			c.Log.Warn("fleet: cannot read the pause states in the coordination topic", "topic", topic, "partition", p, "error", err.Error())
 		})
 		if fetches.Err0() != nil {
@@ -505,4 +509,28 @@ func denied(err error) bool {
 func (c *Coordinator) deniedError(err error) error {
 	return fmt.Errorf("fleet coordination: Kafka refuses this instance's principal the topics %s and %s.* or the group %s (%w): grant it create, describe, read and write on them and read on the group, or set fleet.coordination: none (every instance then streams every source it can take)",
 		c.Topic, c.Topic, c.Group, err)
+}
+
+// throttle lets a log line through, and the same one again only after a minute: an error that comes
+// back at every poll is said once a minute, a new one at once.
+type throttle struct {
+	last string
+	at   time.Time
+}
+
+// allow reports whether msg may be logged now, and notes it.
+func (t *throttle) allow(msg string) bool {
+	if msg == t.last && time.Since(t.at) < time.Minute {
+		return false
+	}
+	t.last, t.at = msg, time.Now()
+	return true
+}
+
+// retryBackoff is the wait between attempts to reach Kafka at start: 1 s, doubling up to 30 s, a
+// little jitter so that instances started together do not ask together.
+func retryBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.Multiplier, bo.RandomizationFactor = time.Second, 30*time.Second, 2, 0.2
+	return bo
 }

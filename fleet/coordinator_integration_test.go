@@ -375,3 +375,26 @@ func readAll(t *testing.T, topic string) []*kgo.Record {
 	}
 	return out
 }
+
+// TestReleaseOffersTheSourceToAnother: an instance that steps back from a source (a cause local to
+// it, such as a table its configuration lacks) lets the group give it to another instance that lists
+// it, and takes its part in the group again after the wait.
+func TestReleaseOffersTheSourceToAnother(t *testing.T) {
+	testenv.Brokers(t)
+	group := newGroup()
+	one := startInstance(t, group, "one", members("a"))
+	testenv.WaitFor(t, 60*time.Second, "one holding a", func() bool { return slices.Contains(one.rec.holds(), "a") })
+	two := startInstance(t, group, "two", members("a"))
+	time.Sleep(2 * time.Second) // two joined; a stays where it is (sticky)
+	if !slices.Contains(one.rec.holds(), "a") {
+		t.Fatal("a moved without a release")
+	}
+	one.c.Release("a", 3*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "two holding a after one stepped back", func() bool {
+		return slices.Contains(two.rec.holds(), "a") && !slices.Contains(one.rec.holds(), "a")
+	})
+	// Back in the group after the wait: one may be given a again when two leaves.
+	time.Sleep(4 * time.Second)
+	two.stop()
+	testenv.WaitFor(t, 30*time.Second, "one holding a again once two left", func() bool { return slices.Contains(one.rec.holds(), "a") })
+}

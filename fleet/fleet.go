@@ -15,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/outbox-cdc/outbox-cdc/config"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -414,15 +412,5 @@ func local(err error) bool {
 // table's place in it, the slot, a privilege) — and that nothing was replayed for: such a source is
 // started again after a wait. Every other one is held.
 func heals(err error) bool {
-	if errors.Is(err, replication.ErrPending) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "28000", "28P01", "3D000": // no access, wrong password, no such database
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, replication.ErrPending) || replication.Refused(err)
 }

@@ -2,12 +2,20 @@ package fleet_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -158,22 +166,14 @@ func TestPausedSourceIsWatched(t *testing.T) {
 	}
 	// A multi-host URL whose first host does not answer: the API names the one that does.
 	cfg := sourceConfig("orders", f)
-	at := strings.Index(cfg.Postgres.URL, "@") + 1
-	slash := strings.Index(cfg.Postgres.URL[at:], "/") + at
-	real := cfg.Postgres.URL[at:slash]
-	cfg.Postgres.URL = cfg.Postgres.URL[:at] + "127.0.0.1:1," + real + cfg.Postgres.URL[slash:]
+	var real string
+	cfg.Postgres.URL, real = testenv.DeadHostFirst(cfg.Postgres.URL)
 	fl, err := fleet.New(testLogger(), m, func(s string) string { return s }, coord,
 		[]fleet.Source{{Config: cfg, Options: []pipeline.Option{pipeline.WithObserver(m.Source("orders"))}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fl.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	ctx := runFleet(t, fl)
 	h := m.Handler()
 	testenv.WaitFor(t, 60*time.Second, "orders streaming", func() bool { code, _ := readyz(t, h, "orders"); return code == http.StatusOK })
 	if s := fl.Snapshot(ctx).Sources[0]; s.Server != real || !strings.Contains(s.Database, "127.0.0.1:1,"+real) {
@@ -230,4 +230,70 @@ func TestPausedSourceIsWatched(t *testing.T) {
 		_, body := readyz(t, h, "orders")
 		return strings.Contains(metricsText(t, h), `outbox_cdc_slot_wal_status{source="orders",status="missing"} 1`) && strings.Contains(body, "slot is gone")
 	})
+}
+
+// TestSourceWaitsForItsTLSFile: a source whose postgres.url names a CA file that is not there yet (a
+// Secret mounted late) is held with the reason while the other source streams, and streams once the
+// file appears — retried on a backoff, without a restart — delivering what was written meanwhile.
+func TestSourceWaitsForItsTLSFile(t *testing.T) {
+	good, late := testenv.NewFixture(t), testenv.NewFixture(t)
+	caFile := filepath.Join(t.TempDir(), "secret-mounted-later", "ca.pem")
+	lateCfg := sourceConfig("late", late)
+	lateCfg.Postgres.URL += "?sslmode=prefer&sslrootcert=" + caFile // the dev server has no TLS: prefer falls back
+	m := metrics.New()
+	fl, err := fleet.New(testLogger(), m, func(s string) string { return s }, nil, []fleet.Source{
+		{Config: sourceConfig("good", good), Options: []pipeline.Option{pipeline.WithObserver(m.Source("good"))}},
+		{Config: lateCfg, Options: []pipeline.Option{pipeline.WithObserver(m.Source("late"))}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFleet(t, fl)
+	h := m.Handler()
+	testenv.WaitFor(t, 60*time.Second, "good streaming, late held naming its file", func() bool {
+		codeGood, _ := readyz(t, h, "good")
+		codeLate, body := readyz(t, h, "late")
+		return codeGood == http.StatusOK && codeLate != http.StatusOK && strings.Contains(body, "does not exist") && strings.Contains(body, "started again in")
+	})
+	written := testenv.Preload(t, late, testenv.NewGenerator(3, "Late"), 20)
+	if err := os.MkdirAll(filepath.Dir(caFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caFile, selfSignedPEM(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 90*time.Second, "late streaming once its file is there", func() bool { code, _ := readyz(t, h, "late"); return code == http.StatusOK })
+	more := testenv.Preload(t, late, testenv.NewGenerator(3, "Late").WithPrefix("more-"), 20)
+	got := testenv.ConsumeDistinct(t, late.Brokers, testenv.TopicsOf(late, "Late"), len(more), 60*time.Second, testenv.ConsumerOpts()...)
+	testenv.VerifyDelivery(t, late, more, got)
+	_ = written // written before the slot existed: the slot was created when the source could start (said in the log)
+}
+
+// selfSignedPEM is a self-signed certificate, as PEM.
+func selfSignedPEM(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// runFleet runs fl until the test ends, and returns the context it runs under.
+func runFleet(t *testing.T, fl *fleet.Fleet) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return ctx
 }

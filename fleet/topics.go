@@ -364,7 +364,10 @@ func (c *Coordinator) Release(name string, d time.Duration) {
 	time.AfterFunc(d, func() {
 		c.mu.Lock()
 		delete(c.released, topic)
+		current := c.group == cl
 		c.mu.Unlock()
-		cl.AddConsumeTopics(topic)
+		if current {
+			cl.AddConsumeTopics(topic)
+		}
 	})
 }

@@ -67,10 +67,8 @@ func TestStatusCountsRowsTheStatisticsDoNotKnow(t *testing.T) {
 func TestStatusNamesTheHostConnectedTo(t *testing.T) {
 	f := testenv.NewFixture(t)
 	cfg := testenv.RouterConfig(f)
-	at := strings.Index(cfg.Postgres.URL, "@") + 1
-	slash := strings.Index(cfg.Postgres.URL[at:], "/") + at
-	real := cfg.Postgres.URL[at:slash]
-	cfg.Postgres.URL = cfg.Postgres.URL[:at] + "127.0.0.1:1," + real + cfg.Postgres.URL[slash:]
+	var real string
+	cfg.Postgres.URL, real = testenv.DeadHostFirst(cfg.Postgres.URL)
 	st := GatherStatus(context.Background(), cfg)
 	if !st.Postgres.Reachable || st.Postgres.Server != real || !strings.Contains(st.Postgres.Target, "127.0.0.1:1,"+real) {
 		t.Fatalf("status of a multi-host URL: %+v, want the target naming both hosts and the server %s", st.Postgres, real)

@@ -82,6 +82,15 @@ func startPipeline(t *testing.T, cfg config.Config) *running {
 // startPipelineLogged is startPipeline logging to log.
 func startPipelineLogged(t *testing.T, cfg config.Config, log *slog.Logger) *running {
 	t.Helper()
+	run := launch(t, cfg, log)
+	testenv.WaitFor(t, 60*time.Second, "pipeline streaming", func() bool { return run.p.State() == StateStreaming })
+	return run
+}
+
+// launch starts a pipeline of cfg in the background, stopped when the test ends; it waits for
+// nothing.
+func launch(t *testing.T, cfg config.Config, log *slog.Logger) *running {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
@@ -107,6 +116,5 @@ func startPipelineLogged(t *testing.T, cfg config.Config, log *slog.Logger) *run
 		return result
 	}
 	t.Cleanup(func() { _ = stop() })
-	testenv.WaitFor(t, 60*time.Second, "pipeline streaming", func() bool { return p.State() == StateStreaming })
 	return &running{p: p, stop: stop}
 }

@@ -254,14 +254,7 @@ func (p *Pipeline) format() router.Format {
 // permanent reports errors that replaying cannot fix: the operator must act.
 func permanent(err error) bool {
 	var undeliverable *router.UndeliverableError
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "28000", "28P01", "3D000": // no access (pg_hba, no REPLICATION attribute), wrong password, no such database
-			return true
-		}
-	}
-	return errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
+	return replication.Refused(err) || errors.As(err, &undeliverable) || errors.Is(err, replication.ErrNotSetUp) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrResyncInterrupted) || errors.Is(err, replication.ErrOutboxChanged) || errors.Is(err, replication.ErrUnreadable) || errors.Is(err, router.ErrConfig) ||
 		errors.Is(err, checkpoint.ErrGap) || errors.Is(err, checkpoint.ErrMissing) || errors.Is(err, checkpoint.ErrBeyondWAL) || errors.Is(err, errTransactionTooLarge)
 }

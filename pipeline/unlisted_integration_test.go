@@ -118,28 +118,7 @@ func TestTableAddedInARollingUpdate(t *testing.T) {
 // startStandby starts a pipeline that is expected to wait for a slot another one holds.
 func startStandby(t *testing.T, cfg config.Config) *running {
 	t.Helper()
-	p, err := New(cfg, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	var result error
-	stopped := false
-	stop := func() error {
-		if !stopped {
-			stopped = true
-			cancel()
-			select {
-			case result = <-done:
-			case <-time.After(60 * time.Second):
-				result = errors.New("pipeline did not stop within 60 s")
-			}
-		}
-		return result
-	}
-	t.Cleanup(func() { _ = stop() })
-	testenv.WaitFor(t, time.Minute, "the second instance waiting as a standby", func() bool { return p.State() == StateStandby })
-	return &running{p: p, stop: stop}
+	run := launch(t, cfg, testLogger(t))
+	testenv.WaitFor(t, time.Minute, "the second instance waiting as a standby", func() bool { return run.p.State() == StateStandby })
+	return run
 }

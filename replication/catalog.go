@@ -36,7 +36,7 @@ func OpenMonitor(ctx context.Context, t Target) (*Catalog, error) {
 func openCatalog(ctx context.Context, t Target, application string) (*Catalog, error) {
 	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+		return nil, urlError(err)
 	}
 	if err := t.password(ctx, &cfg.Config); err != nil {
 		return nil, err

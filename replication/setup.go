@@ -17,7 +17,7 @@ import (
 func Connect(ctx context.Context, t Target) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(t.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+		return nil, urlError(err)
 	}
 	if err := t.password(ctx, cfg); err != nil {
 		return nil, err

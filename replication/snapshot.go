@@ -72,7 +72,7 @@ func OpenSnapshot(ctx context.Context, t Target, name string) (*Snapshot, error)
 	}
 	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+		return nil, urlError(err)
 	}
 	if err := t.password(ctx, &cfg.Config); err != nil {
 		return nil, err

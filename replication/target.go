@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
@@ -34,6 +35,16 @@ func TargetOf(p config.Postgres) Target {
 
 // At is the target with another URL and the same password command (a standby of the same role).
 func (t Target) At(url string) Target { return Target{URL: url, PasswordCommand: t.PasswordCommand} }
+
+// urlError is the error of a postgres.url that cannot be used: a TLS file it names that does not
+// exist (yet: a Secret mounted late) is something the operator's side provides while the router
+// waits (ErrPending); anything else must be fixed in the configuration.
+func urlError(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w: postgres.url names a file that does not exist (sslrootcert, sslcert, sslkey): %w", ErrNotSetUp, ErrPending, err)
+	}
+	return fmt.Errorf("%w: postgres.url: %w", ErrNotSetUp, err)
+}
 
 // passwordCommandTimeout bounds one run of the password command.
 const passwordCommandTimeout = 30 * time.Second
@@ -68,4 +79,18 @@ func (t Target) password(ctx context.Context, cfg *pgconn.Config) error {
 	}
 	cfg.Password = string(pw)
 	return nil
+}
+
+// Refused reports the server's refusal of the connection itself — no pg_hba entry or no access
+// (28000), a wrong password (28P01), no such database (3D000) — which no replay of the stream
+// changes, but which an administrator may fix while the router waits.
+func Refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28000", "28P01", "3D000":
+			return true
+		}
+	}
+	return false
 }

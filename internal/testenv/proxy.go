@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/faultnet"
@@ -25,4 +26,13 @@ func ProxyURL(t testing.TB, p *faultnet.Proxy, rawURL string) string {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// DeadHostFirst returns rawURL as a multi-host URL whose first host does not answer (127.0.0.1:1),
+// and the host:port of rawURL, which does.
+func DeadHostFirst(rawURL string) (multi, alive string) {
+	at := strings.Index(rawURL, "@") + 1
+	slash := strings.Index(rawURL[at:], "/") + at
+	alive = rawURL[at:slash]
+	return rawURL[:at] + "127.0.0.1:1," + alive + rawURL[slash:], alive
 }
