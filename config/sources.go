@@ -292,11 +292,9 @@ func (c *Config) CoordinationTopic() string { return "outbox-cdc.fleet." + c.Gro
 
 // LegacyCoordinationTopic is the state topic releases before 2026-12-08 used when fleet.group was not
 // set (the group outbox-cdc-fleet- and a hash of every source's name, database and slot), whose pause
-// states an upgrade carries over; empty when fleet.group is set (the group did not change).
+// states an upgrade carries over into a state topic it creates — also one named by fleet.group now,
+// as the Helm chart does since.
 func (c *Config) LegacyCoordinationTopic() string {
-	if c.Fleet.Group != "" {
-		return ""
-	}
 	var ids []string
 	for _, s := range c.Sources() {
 		ids = append(ids, s.Name+"@"+databaseOf(s.Postgres.URL)+"/"+s.Postgres.Slot)

@@ -215,8 +215,8 @@ func TestGroupID(t *testing.T) {
 	if lab != lba || lab == laOnly || !strings.HasPrefix(lab, "outbox-cdc.fleet.outbox-cdc-fleet-") {
 		t.Errorf("legacy topics %q, %q, %q: want the earlier releases' one per list", lab, lba, laOnly)
 	}
-	if g := load("fleet: {group: payments}\n" + head + a); g.GroupID() != "payments" || g.LegacyCoordinationTopic() != "" {
-		t.Errorf("fleet.group: got %q (legacy %q)", g.GroupID(), g.LegacyCoordinationTopic())
+	if g := load("fleet: {group: payments}\n" + head + a); g.GroupID() != "payments" || g.LegacyCoordinationTopic() != laOnly {
+		t.Errorf("fleet.group: got %q (legacy %q): the earlier release's topic is carried over whatever the group is now", g.GroupID(), g.LegacyCoordinationTopic())
 	}
 	hostA := load(head + "  - {name: a, postgres: {url: \"postgres://u@h1:5432/db1\", slot: s1}}\n").Sources()[0]
 	hostB := load(head + "  - {name: a, postgres: {url: \"postgres://u@h2:6432/db1\", slot: s1}}\n").Sources()[0]

@@ -398,3 +398,45 @@ func TestReleaseOffersTheSourceToAnother(t *testing.T) {
 	two.stop()
 	testenv.WaitFor(t, 30*time.Second, "one holding a again once two left", func() bool { return slices.Contains(one.rec.holds(), "a") })
 }
+
+// TestPausesCarriedOverFromTheEarlierGroup: an upgrade from a release whose group was named after a
+// hash of the sources list: the first instance of the new group creates its state topic and carries
+// the old topic's pause states over (records of the old format, without a unit), so that a source
+// paused before the upgrade is never started after it.
+func TestPausesCarriedOverFromTheEarlierGroup(t *testing.T) {
+	testenv.Brokers(t)
+	legacy := "outbox-cdc.fleet.outbox-cdc-fleet-" + newGroup()
+	adm := admin(t)
+	ctx := context.Background()
+	if _, err := adm.CreateTopic(ctx, 2, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, legacy); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(testenv.Brokers(t)...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, r := range []*kgo.Record{
+		{Topic: legacy, Partition: 1, Key: []byte("b"), Value: []byte(`{"paused": false, "at": "2026-12-01T10:00:00Z"}`)},
+		{Topic: legacy, Partition: 1, Key: []byte("b"), Value: []byte(`{"paused": true, "by": "oncall", "at": "2026-12-02T10:00:00Z"}`)},
+		{Topic: legacy, Partition: 0, Key: []byte("a"), Value: []byte(`{"paused": false, "at": "2026-12-02T11:00:00Z"}`)},
+	} {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := newGroup()
+	in := &instance{c: coordinator(t, group, "upgraded"), rec: &recorder{}, done: make(chan error, 1)}
+	in.c.LegacyTopic = legacy
+	rctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	go func() { in.done <- in.c.Run(rctx, members("a", "b"), in.rec) }()
+	testenv.WaitFor(t, 60*time.Second, "the upgraded instance assigned b", func() bool { return in.rec.saw("assigned b true") })
+	events := in.rec.snapshot()
+	if i, j := slices.Index(events, "paused b true"), slices.Index(events, "assigned b true"); i < 0 || i > j {
+		t.Fatalf("b's pause from the earlier group was not carried over before b was assigned: %v", events)
+	}
+	if in.rec.isPaused("a") {
+		t.Error("a was not paused in the earlier group")
+	}
+}
