@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -79,51 +78,19 @@ func (r *Router) warnGrown(topic string, info topicInfo, partitions int32) {
 		attrs...)
 }
 
-// CreationLimit bounds the topics a router creates per hour (kafka.max_new_topics_per_hour): a
-// column that routes to a topic per value, with values no one planned (a made-up event type per
-// row), would otherwise create topics without end. It outlives the routers of a pipeline's sessions.
-// Safe for concurrent use; a nil *CreationLimit is no limit.
-type CreationLimit struct {
-	mu    sync.Mutex
-	max   int
-	times []time.Time // the creations of the last hour, oldest first
-}
-
-// NewCreationLimit returns a limit of max topics per hour; max 0 is no limit (nil).
-func NewCreationLimit(max int) *CreationLimit {
-	if max <= 0 {
-		return nil
-	}
-	return &CreationLimit{max: max}
-}
-
-// take counts one creation now, or reports false when the hour's creations are used up.
-func (l *CreationLimit) take(now time.Time) bool {
-	if l == nil {
-		return true
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	i := 0
-	for i < len(l.times) && now.Sub(l.times[i]) >= time.Hour {
-		i++
-	}
-	l.times = l.times[i:]
-	if len(l.times) >= l.max {
-		return false
-	}
-	l.times = append(l.times, now)
-	return true
-}
-
-// refund gives back the last creation taken (the topic existed after all).
-func (l *CreationLimit) refund() {
-	if l == nil {
+// checkPartitions notes the record's key for the topic, and warns, once per topic, when the record
+// went to a partition the topic did not have when the router first used it (watchPartitions notices
+// the growth sooner: the producer learns of new partitions only with its metadata).
+func (r *Router) checkPartitions(rec *kgo.Record) {
+	v, ok := r.topics.Load(rec.Topic)
+	if !ok {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if n := len(l.times); n > 0 {
-		l.times = l.times[:n-1]
+	info := v.(topicInfo)
+	if len(rec.Key) > 0 && info.lastKey != nil {
+		info.lastKey.Store(&rec.Key)
+	}
+	if info.partitions > 0 && rec.Partition >= info.partitions {
+		r.warnGrown(rec.Topic, info, rec.Partition+1)
 	}
 }
