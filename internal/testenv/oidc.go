@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"os"
-	"strings"
 	"testing"
 	"time"
 )
@@ -29,12 +28,7 @@ const (
 // OAuthBrokers returns the local broker's OAUTHBEARER listener, or fails with how to start it.
 func OAuthBrokers(t testing.TB) []string {
 	t.Helper()
-	Brokers(t)
-	v := lookup(t, "OUTBOX_CDC_TEST_OAUTH_BROKERS")
-	if v == "" {
-		t.Fatalf("OUTBOX_CDC_TEST_OAUTH_BROKERS is not set and .dev/env lacks it: %s", startHint)
-	}
-	return strings.Split(v, ",")
+	return listener(t, "OUTBOX_CDC_TEST_OAUTH_BROKERS")
 }
 
 // OAuthToken signs a token for subject that expires after lifetime, with the test provider's key.

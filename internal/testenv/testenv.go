@@ -479,10 +479,17 @@ func StartKafka(t testing.TB) {
 // SASLBrokers returns the local broker's SASL/PLAIN listener (user outbox, password outbox-secret).
 func SASLBrokers(t testing.TB) []string {
 	t.Helper()
+	return listener(t, "OUTBOX_CDC_TEST_SASL_BROKERS")
+}
+
+// listener returns the brokers of one of the local broker's further listeners, named by the
+// variable key of .dev/env, or fails with how to start them.
+func listener(t testing.TB, key string) []string {
+	t.Helper()
 	Brokers(t)
-	v := lookup(t, "OUTBOX_CDC_TEST_SASL_BROKERS")
+	v := lookup(t, key)
 	if v == "" {
-		t.Fatalf("OUTBOX_CDC_TEST_SASL_BROKERS is not set and .dev/env lacks it: %s", startHint)
+		t.Fatalf("%s is not set and .dev/env lacks it: %s", key, startHint)
 	}
 	return strings.Split(v, ",")
 }
