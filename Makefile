@@ -6,7 +6,7 @@ BIN := bin/outbox-cdc
 DEV := $(if $(OUTBOX_CDC_DEV_DIR),$(OUTBOX_CDC_DEV_DIR),.dev)
 DEVBIN := $(abspath $(DEV))/bin
 
-.PHONY: build up down status run test test-versions test-unit vet bench bench-inbox bench-scale bench-compare chaos chaos-long clean helm chart release promtool rules debezium-libs test-debezium
+.PHONY: docs build up down status run test test-versions test-unit vet bench bench-inbox bench-scale bench-compare chaos chaos-long clean helm chart release promtool rules debezium-libs test-debezium
 
 build: ## build bin/outbox-cdc (version and commit from git: outbox-cdc version)
 	$(GO) build -buildvcs=auto -o $(BIN) .
@@ -87,6 +87,9 @@ chart: helm ## helm lint and helm template of deploy/helm/outbox-cdc, and the ma
 	$(DEVBIN)/helm lint --strict deploy/helm/outbox-cdc
 	$(DEVBIN)/helm template outbox-cdc deploy/helm/outbox-cdc --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true >/dev/null
 	$(GO) test -count=1 ./deploy/...
+
+docs: ## regenerate docs/configuration.md's table from config/reference.go
+	$(GO) test ./config -run TestConfigurationReferenceIsCurrent -update
 
 test-unit: ## unit tests only (no services)
 	$(GO) test -race -short -count=1 ./...

@@ -25,7 +25,7 @@ error, one line each; add kafka.brokers and the password (PGPASSWORD) yourself. 
 the key, when outbox-cdc cannot take over as configured, rather than write a configuration that
 behaves otherwise: another decoding plugin, no outbox EventRouter, no table list or table patterns,
 a route.topic.regex it cannot reproduce, or an EventRouter option it does not know (a typo
-included). Several outbox tables become postgres.table and a tables list. It contacts nothing. See the README, "Coming from Debezium", for the switch-over.`,
+included). Several outbox tables become postgres.table and a tables list. It contacts nothing. See docs/debezium.md for the switch-over.`,
 		Example: `  curl -s http://connect:8083/connectors/outbox | outbox-cdc from-debezium > outbox-cdc.yaml
   outbox-cdc from-debezium connector.properties > outbox-cdc.yaml`,
 		Args: cobra.MaximumNArgs(1),

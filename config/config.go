@@ -23,7 +23,7 @@ import (
 
 // Config is the whole configuration of the daemon. The yaml tags are the keys of the config file; the
 // dotted key of a field (for example postgres.slot) is the name used in errors, environment variables
-// and the README's reference.
+// and docs/configuration.md (config/reference.go).
 type Config struct {
 	// Postgres is the source database and slot.
 	Postgres Postgres `yaml:"postgres"`

@@ -263,7 +263,7 @@ func TestEventSource(t *testing.T) {
 	}
 }
 
-// TestExampleConfigLoads keeps testdata/outbox-cdc.yaml (the README's reference) loadable.
+// TestExampleConfigLoads keeps testdata/outbox-cdc.yaml (docs/configuration.md's example) loadable.
 func TestExampleConfigLoads(t *testing.T) {
 	cfg, err := Load("../testdata/outbox-cdc.yaml", env(nil), nil)
 	if err != nil {

@@ -177,7 +177,7 @@ sources:
 	}
 }
 
-// TestExampleFleetLoads keeps testdata/fleet.yaml (the README's fleet example) loadable.
+// TestExampleFleetLoads keeps testdata/fleet.yaml (docs/fleet.md's example) loadable.
 func TestExampleFleetLoads(t *testing.T) {
 	cfg, err := Load("../testdata/fleet.yaml", env(nil), nil)
 	if err != nil {

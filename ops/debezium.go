@@ -355,7 +355,7 @@ func FromDebezium(props map[string]string) Conversion {
 		return c
 	}
 	header := "# outbox-cdc configuration converted from Debezium connector " + quoteName(props["name"]) + " by `outbox-cdc from-debezium`.\n" +
-		"# It streams from the connector's slot and publication: stop the connector first (see the README, \"Coming from Debezium\").\n"
+		"# It streams from the connector's slot and publication: stop the connector first (see docs/debezium.md).\n"
 	c.YAML = append([]byte(header), out...)
 	return c
 }

@@ -741,7 +741,7 @@ func TestLingerIsWhatIsConfigured(t *testing.T) {
 // aborted, and records prepared before the failure and produced after it are not sent — they would
 // land ahead of the replay of the failed ones, and a consumer would see 11 before 6. (franz-go fails
 // what it buffered for the failed partition itself; records produced between that and the failure's
-// promise reaching the router may still be sent: see the README.)
+// promise reaching the router may still be sent: see the README's Guarantees.)
 func TestNothingFollowsAFailure(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
 	if err != nil {
