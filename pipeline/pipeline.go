@@ -372,28 +372,9 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	p.obs.markVerified(time.Now())
 	defer v.close()
 
-	var h replication.Handler
-	var eos *txnHandler
-	confirmLimit := v.confirmLimit
-	if cfg.Kafka.ExactlyOnce() {
-		// Fence and read the checkpoint before taking the slot: no older instance can commit after
-		// the read, and the walsender is not kept waiting meanwhile.
-		skipBelow, last, err := p.startExactlyOnce(ctx, rt, res.Slot.ConfirmedFlush, srv)
-		if err != nil {
-			return err // the catalog connection is the verifier's, closed with it
-		}
-		eos = &txnHandler{skipBelow: skipBelow, timeline: srv.Timeline, timelineStart: srv.TimelineStart(), verified: v.confirmLimit, ackTimeout: cfg.Kafka.AckTimeout, interval: cfg.Kafka.TransactionInterval,
-			catchUp: catchUpInterval(cfg.Kafka.TransactionInterval, cfg.Kafka.TransactionTimeout), clock: quietClock{quiet: cfg.Kafka.QuietFlush},
-			pace: txPace{bound: cfg.Kafka.TransactionInterval}, maxRecords: cfg.Kafka.TransactionMaxRecords, idleEvery: cfg.Postgres.StatusInterval, obs: &p.obs,
-			stopBefore: p.stopBefore}
-		eos.committed.Store(uint64(res.Slot.ConfirmedFlush))
-		eos.failedTxns.Store(-1)
-		if last != nil {
-			// What Kafka holds on this server's timeline: after a failover, less than the checkpoint.
-			eos.committed.Store(uint64(skipBelow))
-		}
-		confirmLimit = eos.confirmLimit
-		h = eos
+	d, err := p.newDelivery(ctx, c, rt, res.Slot.ConfirmedFlush, srv, v.confirmLimit)
+	if err != nil {
+		return err // the catalog connection is the verifier's, closed with it
 	}
 
 	if res.WantFailover && !res.Slot.Failover {
@@ -405,7 +386,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	}
 	stream, err := replication.Start(ctx, conn, replication.Options{
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Tables: p.tables(), Columns: p.columnRoles(), StartLSN: res.Slot.ConfirmedFlush,
-		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: confirmLimit,
+		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: d.confirmLimit,
 		BaseType: p.baseType, Missing: res.Missing, Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables), Logger: p.log, Counters: &p.Replication,
 	})
 	if err != nil {
@@ -420,9 +401,6 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		c.standby = false
 	}
 	tracker := checkpoint.NewTracker(res.Slot.ConfirmedFlush)
-	if eos == nil && p.streamedFrom == 0 {
-		p.streamedFrom = res.Slot.ConfirmedFlush
-	}
 	server := stream.Server()
 	p.obs.setSession(tracker, c.lastPID, server)
 	defer p.obs.setSession(nil, 0, "")
@@ -456,41 +434,17 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		v.run(streamCtx, cancel)
 	}()
 	go p.watchKafka(streamCtx, tracker, cancel)
-	base := handler{router: rt, tracker: tracker}
-	if eos == nil {
-		base.skip = &skipper{below: c.acked.skipBelow(srv, res.Slot.ConfirmedFlush), rows: &p.skippedRows}
-		base.skip.partial, base.skip.partialRows = c.acked.partialSkip(srv, res.Slot.ConfirmedFlush)
-	}
-	switch {
-	case eos != nil:
-		eos.handler = base
-	case cfg.Kafka.QuietFlush > 0 && cfg.Kafka.Linger > 0:
-		h = &quietHandler{handler: base, clock: quietClock{quiet: cfg.Kafka.QuietFlush}, pace: txPace{bound: cfg.Kafka.Linger}}
-	default:
-		h = &base
-	}
+	h := d.handler(handler{router: rt, tracker: tracker})
 	runErr := stream.Run(streamCtx, tracker, h)
 	// Not streaming any more, whatever the clean-up below takes (an abort waits for Kafka).
 	p.state.Store(int32(StateStarting))
-	if eos != nil {
-		p.skippedRows.Add(eos.skipped.Load())
-		if eos.skippedTxs > 0 {
-			p.log.Info("exactly-once: skipped transactions the last checkpoint already holds", "transactions", eos.skippedTxs, "rows", eos.skipped.Load())
-		}
-	}
 	if ctx.Err() == nil && errors.Is(runErr, context.Canceled) {
 		if cause := context.Cause(streamCtx); cause != nil {
 			runErr = cause
 		}
 	}
 	if rerr := rt.Err(); rerr != nil {
-		runErr = &kafkaError{rerr}
-		if eos != nil && errors.Is(rerr, router.ErrTxnTimedOut) && eos.singleTransaction() {
-			// One PostgreSQL transaction is never split over Kafka transactions: replayed, it would
-			// time out again, forever.
-			runErr = fmt.Errorf("%w: a single PostgreSQL transaction took longer to deliver than kafka.transaction_timeout (%s) allows; raise kafka.transaction_timeout (and the brokers' transaction.max.timeout.ms): %w",
-				errTransactionTooLarge, cfg.Kafka.TransactionTimeout, rerr)
-		}
+		runErr = d.kafkaFailed(rerr)
 		var rejected *router.RejectedBatchError
 		if errors.As(rerr, &rejected) {
 			// Every record of the rejected partition fails with it; wait for their promises to name
@@ -506,47 +460,12 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	cancel(nil)
 	<-verifying
 
-	graceful := ctx.Err() != nil && rt.Err() == nil
-	if eos != nil {
-		// The open Kafka transaction is committed only when the stream stopped between whole
-		// PostgreSQL transactions; otherwise it is aborted, once PostgreSQL is let go, and replayed.
-		fctx, fcancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
-		var stopped *stoppedBefore
-		committed, err := eos.finish(fctx, graceful || ((errors.Is(runErr, replication.ErrOutboxChanged) || errors.As(runErr, &stopped)) && rt.Err() == nil))
-		fcancel()
-		if err != nil {
-			p.log.Warn("stop: the last Kafka transaction was not committed; the next session replays it", "error", err.Error())
-			graceful = false
-		}
-		if !committed {
-			defer rt.Abort() // runs before the deferred rt.Close, after the stream is closed below
-			defer func() { _ = stream.Close(context.Background()) }()
-		}
-	} else if graceful || (errors.Is(runErr, replication.ErrOutboxChanged) && rt.Err() == nil) {
-		// Everything handed to Kafka before the stop is delivered and confirmed: a restart resumes
-		// exactly where this session stopped.
-		p.drain(rt, tracker)
-	} else if rt.Err() == nil {
-		// A failure on PostgreSQL's side: Kafka still takes what is in flight. Waiting a moment for it
-		// lets the next session skip those transactions rather than send them again.
-		fctx, fcancel := context.WithTimeout(context.Background(), inFlightWait)
-		_ = rt.Flush(fctx)
-		fcancel()
-	}
-	if eos == nil {
-		// Up to the watermark, past the last verified position (the final confirm went that far): the
-		// transactions between were acknowledged, and the next session replays them only if its set-up
-		// finds the outbox unchanged since the last verification (setup: Continues), in which case the
-		// walsender sends them again with the same rows.
-		c.acked = base.skip.carry(tracker, srv)
-		var ke *kafkaError
-		if errors.As(runErr, &ke) && errors.Is(runErr, errReleased) && rt.Err() == nil && tracker.Stats().PendingRecords > 0 {
-			kept = true
-			c.lingering = &lingering{rt: rt, tracker: tracker, skip: base.skip, srv: srv, since: time.Now()}
-		}
-		if base.skip.txs > 0 || base.skip.n > 0 {
-			p.log.Info("skipped transactions Kafka had acknowledged before the last failure (not sent again)", "transactions", base.skip.txs, "rows", base.skip.n)
-		}
+	stop := d.end(ctx.Err() != nil && rt.Err() == nil, runErr)
+	graceful := stop.graceful
+	kept = stop.keepRouter
+	if stop.abort != nil {
+		defer stop.abort() // after the stream is closed (below), before the deferred rt.Close
+		defer func() { _ = stream.Close(context.Background()) }()
 	}
 	if graceful {
 		// Two more verifications, a moment apart, so that the final confirm covers what was just
@@ -576,9 +495,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		runErr = cerr
 	}
 	if graceful {
-		if eos == nil {
-			p.handOver(srv)
-		}
+		d.stopped(srv)
 		st := tracker.Stats()
 		p.log.Info("stopped", "confirmed_lsn", checkpoint.LSN(p.Replication.ConfirmedLSN.Load()).String(), "unacknowledged_records", st.PendingRecords)
 		return nil
