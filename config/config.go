@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
@@ -139,6 +140,11 @@ type Postgres struct {
 	// start, and an insert into one that joins while running stops the source before it is confirmed
 	// past (it may be an outbox a newer configuration streams).
 	IgnoreTables []string `yaml:"ignore_tables"`
+	// MessagePrefixes, when not empty, are the prefixes of the transactional logical decoding messages
+	// (pg_logical_emit_message(true, prefix, content)) that carry outbox events, read beside the
+	// outbox tables' rows: the content is a JSON object with fields named like the columns
+	// (Columns). Messages of other prefixes are counted and passed over.
+	MessagePrefixes []string `yaml:"message_prefixes"`
 	// Slot is the logical replication slot's name.
 	Slot string `yaml:"slot"`
 	// Publication is the publication's name.
@@ -627,6 +633,16 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 	}
 	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
 		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
+	}
+	for i, prefix := range c.Postgres.MessagePrefixes {
+		switch {
+		case prefix == "":
+			bad("postgres.message_prefixes", "entry %d is empty: a prefix names the messages that carry events", i+1)
+		case !utf8.ValidString(prefix):
+			bad("postgres.message_prefixes", "entry %d is not UTF-8", i+1)
+		case slices.Contains(c.Postgres.MessagePrefixes[:i], prefix):
+			bad("postgres.message_prefixes", "%q is listed twice", prefix)
+		}
 	}
 	for _, t := range c.Postgres.IgnoreTables {
 		parts := strings.Split(t, ".")

@@ -33,6 +33,7 @@ var reference = []refRow{
 	{keys: []string{"postgres.publication"}, def: "`outbox_cdc`", doc: "publication"},
 	{keys: []string{"postgres.create_slot"}, def: "`true`", doc: "create the slot when missing"},
 	{keys: []string{"postgres.create_publication"}, def: "`true`", doc: "create the publication (`publish = 'insert'`) when missing, and add the configured tables it lacks"},
+	{keys: []string{"postgres.message_prefixes"}, def: "—", doc: "prefixes of transactional WAL messages (`pg_logical_emit_message(true, prefix, content)`, PostgreSQL 14+) that carry events, read beside the tables' rows in commit order: the content is a JSON object whose fields are named like the columns (`event_id`, `event_type`, `aggregate_type`, `aggregate_id`, `payload`, `headers`, ...); see [messages](outbox-table.md#events-as-wal-messages-postgresmessage_prefixes)"},
 	{keys: []string{"postgres.ignore_tables"}, def: "—", doc: "tables of the publication whose rows are not for this router (schema.table, or `*` for any other table): dropped and counted; any other table the publication carries is refused, and its first row stops the source unconfirmed"},
 	{keys: []string{"postgres.status_interval"}, def: "`10s`", doc: "longest gap between status updates (100ms–50s)"},
 	{keys: []string{"postgres.standby_poll_interval"}, def: "`2s`", doc: "hot standby retry interval"},

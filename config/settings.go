@@ -110,6 +110,7 @@ var settings = []setting{
 	{"postgres.password_file", "OUTBOX_CDC_PASSWORD_FILE", "", "", str(func(c *Config) *string { return &c.Postgres.PasswordFile })},
 	{"postgres.table", "OUTBOX_CDC_TABLE", "table", "outbox table, schema-qualified", str(func(c *Config) *string { return &c.Postgres.Table })},
 	{"postgres.ignore_tables", "OUTBOX_CDC_IGNORE_TABLES", "", "", list(func(c *Config) *[]string { return &c.Postgres.IgnoreTables })},
+	{"postgres.message_prefixes", "OUTBOX_CDC_MESSAGE_PREFIXES", "", "", list(func(c *Config) *[]string { return &c.Postgres.MessagePrefixes })},
 	{"postgres.slot", "OUTBOX_CDC_SLOT", "slot", "logical replication slot", str(func(c *Config) *string { return &c.Postgres.Slot })},
 	{"postgres.publication", "OUTBOX_CDC_PUBLICATION", "publication", "publication", str(func(c *Config) *string { return &c.Postgres.Publication })},
 	{"postgres.create_slot", "OUTBOX_CDC_CREATE_SLOT", "", "", boolean(func(c *Config) *bool { return &c.Postgres.CreateSlot })},

@@ -331,7 +331,8 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descDecoded      = desc("events_decoded_total", "Outbox inserts decoded from the WAL.")
 	descTransactions = desc("transactions_total", "Committed transactions received from the slot.")
-	descIgnored      = desc("ignored_operations_total", "Changes ignored: outbox updates, deletes, truncates, and other tables' changes.", "operation")
+	descIgnored      = desc("ignored_operations_total", "Changes ignored: outbox updates, deletes, truncates, other tables' changes, and WAL messages of other prefixes.", "operation")
+	descMessages     = desc("messages_decoded_total", "Outbox events decoded from WAL messages (postgres.message_prefixes).")
 	descBytes        = desc("produced_bytes_total", "Key and value bytes acknowledged by Kafka.")
 	descReconnects   = desc("reconnects_total", "Sessions rebuilt after a failure (replays from the slot).")
 	descErrors       = desc("errors_total", "Failures by class: postgres, kafka, undeliverable.", "class")
@@ -357,7 +358,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDecoded, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
+	for _, d := range []*prometheus.Desc{descDecoded, descMessages, descTransactions, descIgnored, descBytes, descReconnects, descErrors,
 		descInFlightRecs, descInFlightWin, descInFlightB, descConfirmed, descWALEnd, descSlotLag, descBehind, descRole, descWALStatus,
 		descMonErrors, descMonSuccess, descSilence, descSlotActive, descTxns, descCheckpoint, descSkipped, descPhantomRisk, descPausedSince} {
 		ch <- d
@@ -385,6 +386,8 @@ func collectSource(ch chan<- prometheus.Metric, source string, s pipeline.Health
 	counter(descIgnored, float64(s.IgnoredDeletes), "delete")
 	counter(descIgnored, float64(s.IgnoredTruncates), "truncate")
 	counter(descIgnored, float64(s.IgnoredOtherTables), "other_table")
+	counter(descIgnored, float64(s.IgnoredMessages), "other_message")
+	counter(descMessages, float64(s.Messages))
 	counter(descBytes, float64(s.ProducedBytes))
 	counter(descReconnects, float64(s.Restarts))
 	for _, class := range []string{"postgres", "kafka", "undeliverable"} {

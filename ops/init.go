@@ -199,6 +199,20 @@ func Init(ctx context.Context, w io.Writer, cfg config.Config, o InitOptions) er
 			return err
 		}})
 	}
+	if len(cfg.Postgres.MessagePrefixes) > 0 {
+		// The helper applications call to write an event as a WAL message (sql/outbox_emit.sql).
+		exists, err := cat.EmitFunctionExists(ctx, outbox.Schema)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			ddl, err := cat.EmitFunctionSQL(ctx, outboxsql.EmitTemplate(), outbox.Schema, cfg.Postgres.MessagePrefixes[0])
+			if err != nil {
+				return err
+			}
+			steps = append(steps, step{ddl, func() error { return cat.CreateEmitFunction(ctx, ddl) }})
+		}
+	}
 	topics := KnownTopics(cfg)
 	if o.DryRun {
 		fmt.Fprintln(w, "dry run: nothing was changed. SQL that init would run:")

@@ -27,6 +27,9 @@ type Health struct {
 	StandbyReady bool
 	// Replication counters.
 	Rows, Transactions, IgnoredUpdates, IgnoredDeletes, IgnoredTruncates, IgnoredOtherTables int64
+	// Messages are the outbox messages decoded (postgres.message_prefixes); IgnoredMessages those of
+	// other prefixes.
+	Messages, IgnoredMessages int64
 	// Router counters.
 	Produced, ProducedBytes, DeadLettered, InFlightRecords, InFlightBytes int64
 	// InFlightWindow is the in-flight window's records cap now (limits.min/max_inflight_records).
@@ -178,6 +181,8 @@ func (p *Pipeline) Health() Health {
 		IgnoredDeletes:        p.Replication.IgnoredDeletes.Load(),
 		IgnoredTruncates:      p.Replication.IgnoredTruncates.Load(),
 		IgnoredOtherTables:    p.Replication.IgnoredOtherTables.Load(),
+		Messages:              p.Replication.Messages.Load(),
+		IgnoredMessages:       p.Replication.IgnoredMessages.Load(),
 		Produced:              p.Router.Produced.Load(),
 		ProducedBytes:         p.Router.ProducedBytes.Load(),
 		DeadLettered:          p.Router.DeadLettered.Load(),

@@ -388,6 +388,7 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 		Slot: cfg.Postgres.Slot, Outbox: p.outbox(), Tables: p.tables(), Columns: p.columnRoles(), StartLSN: res.Slot.ConfirmedFlush,
 		StatusInterval: cfg.Postgres.StatusInterval, ReceiveTimeout: cfg.Postgres.ReceiveTimeout, ConfirmLimit: d.confirmLimit,
 		BaseType: p.baseType, Missing: res.Missing, Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables), Logger: p.log, Counters: &p.Replication,
+		MessagePrefixes: cfg.Postgres.MessagePrefixes,
 	})
 	if err != nil {
 		return err

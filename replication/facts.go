@@ -251,3 +251,31 @@ func (c *Catalog) CreateSlot(ctx context.Context, slot string, failover bool) (c
 		return false, fmt.Errorf("create replication slot %q: %w", slot, withLimitHint(err))
 	}
 }
+
+// EmitFunctionSQL is the statement that creates the function outbox_emit (sql/outbox_emit.sql) in
+// schema with prefix, as the server's format() quotes them.
+func (c *Catalog) EmitFunctionSQL(ctx context.Context, template, schema, prefix string) (string, error) {
+	var ddl string
+	if err := c.conn.QueryRow(ctx, `SELECT format($1, $2::text, $3::text)`, template, schema, prefix).Scan(&ddl); err != nil {
+		return "", fmt.Errorf("render the function outbox_emit: %w", err)
+	}
+	return ddl, nil
+}
+
+// EmitFunctionExists reports whether schema has the function outbox_emit of sql/outbox_emit.sql.
+func (c *Catalog) EmitFunctionExists(ctx context.Context, schema string) (bool, error) {
+	var ok bool
+	err := c.conn.QueryRow(ctx, `SELECT to_regprocedure(format('%I.outbox_emit(text,text,text,jsonb,jsonb)', $1::text)) IS NOT NULL`, schema).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("look for the function outbox_emit: %w", err)
+	}
+	return ok, nil
+}
+
+// CreateEmitFunction runs ddl (EmitFunctionSQL).
+func (c *Catalog) CreateEmitFunction(ctx context.Context, ddl string) error {
+	if _, err := c.conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create the function outbox_emit: %w", err)
+	}
+	return nil
+}

@@ -40,6 +40,9 @@ type Row struct {
 	// problem, when not empty, says why a column the router reads could not be decoded: the row
 	// cannot be delivered as it is (Problem), and goes to the dead-letter topic with this reason.
 	problem string
+	// problemClass, when problem is set, classes it for the dead-letter metrics (ProblemBadMessage);
+	// empty for a column that could not be decoded.
+	problemClass string
 	// block is the memory the row's pieces were carved from (nil: memory of its own).
 	block *pin.Block
 }
@@ -81,6 +84,10 @@ func (r *Row) TypeOID(name string) (uint32, bool) {
 // with a problem is undeliverable as it is: the router dead-letters it with this reason (or stops,
 // naming it, without a dead-letter topic); it never stops the stream.
 func (r *Row) Problem() string { return r.problem }
+
+// ProblemClass classes Problem for the dead-letter metrics: ProblemBadMessage for a logical decoding
+// message that cannot become a record, "" for a column that could not be decoded.
+func (r *Row) ProblemClass() string { return r.problemClass }
 
 // Size is the number of value bytes of the row.
 func (r *Row) Size() int {

@@ -66,6 +66,9 @@ type Counters struct {
 	IgnoredUpdates, IgnoredDeletes, IgnoredTruncates atomic.Int64
 	// IgnoredOtherTables counts changes to tables other than the outbox.
 	IgnoredOtherTables atomic.Int64
+	// Messages counts logical decoding messages of Options.MessagePrefixes; IgnoredMessages those of
+	// other prefixes.
+	Messages, IgnoredMessages atomic.Int64
 	// ServerWALEnd is the latest server WAL end reported by the server.
 	ServerWALEnd atomic.Uint64
 	// ConfirmedLSN is the latest position confirmed to the server.
@@ -148,6 +151,10 @@ type Options struct {
 	// Missing are the optional columns set-up found missing and warned of (SetupResult.Missing): a
 	// Relation message without them is no change to warn of again.
 	Missing []MissingColumn
+	// MessagePrefixes, when not empty, are the prefixes of the logical decoding messages that carry
+	// outbox events (message.go): the stream asks the server for messages, and each one under these
+	// prefixes reaches the handler as a Row of Options.Outbox (Row.Table 0).
+	MessagePrefixes []string
 	// Ignore are the published tables whose inserts are not for this router (postgres.ignore_tables):
 	// they are counted and dropped. An insert into any other table that is not an outbox table stops
 	// the stream before its transaction is confirmed (ErrUnlistedTable).
@@ -188,6 +195,10 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		return nil, fmt.Errorf("%w: publication name %q is not lower-case letters, digits and underscores", ErrNotSetUp, opts.Outbox.Publication)
 	}
 	args := []string{"proto_version '2'", "publication_names '" + opts.Outbox.Publication + "'"}
+	if len(opts.MessagePrefixes) > 0 {
+		// The prefixes are never sent: the server sends every message and the stream picks.
+		args = append(args, "messages 'true'")
+	}
 	// Start from the slot's confirmed position (0 means "where the slot is").
 	if err := pglogrepl.StartReplication(ctx, conn, pgx.Identifier{opts.Slot}.Sanitize(), 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		var pgErr *pgconn.PgError
@@ -470,6 +481,10 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 		for _, id := range m.RelationIDs {
 			s.countIgnored(id, &s.counters.IgnoredTruncates)
 		}
+	case *pglogrepl.LogicalDecodingMessageV2:
+		return s.handleMessage(ctx, h, &m.LogicalDecodingMessage, xld)
+	case *pglogrepl.LogicalDecodingMessage:
+		return s.handleMessage(ctx, h, m, xld)
 	case *pglogrepl.CommitMessage:
 		if s.current == nil {
 			return fmt.Errorf("%w: Commit without Begin at %s", ErrUnreadable, LSN(xld.WALStart))
@@ -484,7 +499,7 @@ func (s *Stream) handleWAL(ctx context.Context, h Handler, xld pglogrepl.XLogDat
 			return b.Committed(ctx, tx, LSN(m.TransactionEndLSN))
 		}
 	default:
-		// Type, Origin and logical decoding messages carry nothing for the outbox.
+		// Type and Origin messages carry nothing for the outbox.
 	}
 	return nil
 }

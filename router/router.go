@@ -665,9 +665,20 @@ func (r *Router) rulesFor(row Row) *Rules {
 func resolve(space *recordWithHeaders, rules *Rules, cols config.Columns, f Format, row Row, maxMessageBytes int32) (rec *kgo.Record, size int, problem error, class string) {
 	rec, problem = buildRecordIn(space, row, cols, f)
 	class = "unroutable"
-	if pr, ok := row.(problemRow); ok && problem == nil {
+	if pr, ok := row.(problemRow); ok {
+		// The row's own problem is the cause of any the record's building found.
 		if p := pr.Problem(); p != "" {
 			problem, class = &undeliverable{reason: "a value could not be decoded: " + p}, "undecodable"
+			if cp, ok := row.(classedProblemRow); ok && cp.ProblemClass() != "" {
+				problem, class = &undeliverable{reason: p}, cp.ProblemClass()
+			}
+		}
+	}
+	if rec == nil {
+		// A format that could not build the record at all: the dead-letter record keeps the payload.
+		rec = space.init()
+		if v, ok := row.Value(cols.Payload); ok {
+			rec.Value = v
 		}
 	}
 	if problem == nil {
@@ -685,6 +696,12 @@ func resolve(space *recordWithHeaders, rules *Rules, cols config.Columns, f Form
 // cannot be delivered as it is.
 type problemRow interface {
 	Problem() string
+}
+
+// classedProblemRow is a problemRow whose problem has a class of its own (replication.Row's
+// messages that cannot become records: "bad_message"), its reason then complete as it is.
+type classedProblemRow interface {
+	ProblemClass() string
 }
 
 // Plan says where row would go without sending it: its topic, or why it can never be delivered.

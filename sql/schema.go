@@ -13,6 +13,20 @@ import (
 //go:embed outbox.sql
 var Outbox string
 
+// Emit is sql/outbox_emit.sql: the function outbox_emit, which writes an event as a transactional
+// WAL message (postgres.message_prefixes).
+//
+//go:embed outbox_emit.sql
+var Emit string
+
+// EmitTemplate is Emit as a template of PostgreSQL's format(): %I the schema, %L the prefix. The
+// server quotes both (no value is spliced into SQL here).
+func EmitTemplate() string {
+	ddl := Emit[strings.Index(Emit, "CREATE OR REPLACE FUNCTION"):]
+	ddl = strings.Replace(ddl, "public.outbox_emit", "%I.outbox_emit", 1)
+	return strings.Replace(ddl, "pg_logical_emit_message(true, 'outbox',", "pg_logical_emit_message(true, %L,", 1)
+}
+
 // Inbox is sql/inbox.sql: the tables of package inbox, in schema public.
 //
 //go:embed inbox.sql

@@ -465,3 +465,22 @@ func (w *Writer) Stop() ([]Event, error) {
 	defer w.mu.Unlock()
 	return append([]Event(nil), w.events...), err
 }
+
+// EmitIn writes events as transactional logical decoding messages of prefix within tx, one message
+// per event with the outbox's fields as a JSON object (postgres.message_prefixes); nothing is written
+// to a table. The values are parameters: none is spliced into the SQL.
+func EmitIn(ctx context.Context, tx pgx.Tx, prefix string, evs []Event) error {
+	for _, e := range evs {
+		var headers *string
+		if e.Headers != "" {
+			headers = &e.Headers
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
+			'event_id', $2::uuid, 'event_type', $3::text, 'aggregate_type', $4::text, 'aggregate_id', $5::text,
+			'aggregate_version', $6::bigint, 'payload', $7::jsonb, 'headers', $8::jsonb)::text)`,
+			prefix, e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload, headers); err != nil {
+			return fmt.Errorf("emit message: %w", err)
+		}
+	}
+	return nil
+}
