@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"io"
 	"sort"
 	"time"
@@ -54,6 +55,11 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 		o.Out = io.Discard
 	}
 	res := ResyncResult{PerTopic: map[string]int64{}}
+	if prefixes := p.cfg.Postgres.MessagePrefixes; len(prefixes) > 0 {
+		// Said before anything changes: the new slot starts from now, and a message is in no table.
+		fmt.Fprintf(o.Out, "note: events written as WAL messages (postgres.message_prefixes %s) are in no table: resync replays the tables' rows only, and messages the old slot had not delivered are not replayed\n", strings.Join(prefixes, ", "))
+		p.log.Warn("resync replays the tables' rows only: events written as WAL messages are in no table", "message_prefixes", prefixes)
+	}
 	if o.DryRun {
 		return p.dryRun(ctx, o, res)
 	}
