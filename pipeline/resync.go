@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
