@@ -113,6 +113,10 @@ func ParseDebeziumConfig(data []byte) (map[string]string, error) {
 	return props, sc.Err()
 }
 
+// decodeMessageContent is the transform with which Debezium's PostgreSQL connector turns WAL
+// messages into change events for the EventRouter.
+const decodeMessageContent = "io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent"
+
 // FromDebezium converts a Debezium PostgreSQL connector's configuration with the outbox EventRouter
 // into outbox-cdc's: the same database, slot and publication (so that outbox-cdc resumes where the
 // connector stopped), the same table columns, topics, converters and EventRouter options, in
@@ -176,7 +180,37 @@ func FromDebezium(props map[string]string) Conversion {
 	}
 	list := splitList(tables)
 	plain := regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$`)
+	// A connector that relays WAL messages (DecodeLogicalDecodingMessageContent before the
+	// EventRouter) reads the prefixes of message.prefix.include.list: postgres.message_prefixes.
+	messages := false
+	transforms, _ := get("transforms")
+	for _, name := range splitList(transforms) {
+		if typ := props["transforms."+name+".type"]; typ == decodeMessageContent {
+			messages = true
+		}
+	}
+	if messages {
+		include, _ := get("message.prefix.include.list")
+		prefixes := splitList(include)
+		literal := regexp.MustCompile(`^[A-Za-z0-9_\-:/]+$`)
+		switch {
+		case len(prefixes) == 0:
+			note("message.prefix.include.list is empty: the connector relays messages of every prefix, and outbox-cdc reads named prefixes only (postgres.message_prefixes); name them and convert again")
+			c.Blocking = true
+		case slices.ContainsFunc(prefixes, func(p string) bool { return !literal.MatchString(p) }):
+			note("message.prefix.include.list %q holds patterns (regular expressions) that outbox-cdc cannot match: name each prefix and convert again", include)
+			c.Blocking = true
+		default:
+			pg["message_prefixes"] = prefixes
+		}
+		if _, ok := get("message.prefix.exclude.list"); ok {
+			note("message.prefix.exclude.list is not carried over: postgres.message_prefixes names the prefixes read")
+		}
+	}
 	switch {
+	case len(list) == 0 && messages:
+		note("table.include.list is empty: outbox-cdc reads the messages beside an outbox table and its publication, which may stay empty: " +
+			"postgres.table is public.outbox (create it with outbox-cdc init --create-table, or name another)")
 	case len(list) == 0:
 		note("table.include.list is empty: the connector captures every table of its publication, and outbox-cdc streams named outbox tables only; name them in table.include.list (schema.table) and convert again")
 		c.Blocking = true
@@ -201,13 +235,15 @@ func FromDebezium(props map[string]string) Conversion {
 			"once it carries the outbox tables only (ALTER PUBLICATION ... SET TABLE ...), remove the key so that a table joining it is noticed", orDefault(mode, "all_tables, the default"))
 	}
 
-	transforms, _ := get("transforms")
 	prefix := ""
 	for _, name := range splitList(transforms) {
 		typ, _ := get("transforms." + name + ".type")
 		if typ == "io.debezium.transforms.outbox.EventRouter" && prefix == "" {
 			prefix = "transforms." + name + "."
 			continue
+		}
+		if typ == decodeMessageContent {
+			continue // postgres.message_prefixes, above
 		}
 		note("transform %s (%s) is not carried over", name, typ)
 	}

@@ -101,6 +101,9 @@ func TestFromDebeziumRefusesAndNotes(t *testing.T) {
 		{"no table list", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "table.include.list is empty", true},
 		{"table patterns", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox_.*\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "patterns", true},
 		{"all-tables publication", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "postgres.ignore_tables", false},
+		{"messages without prefixes", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=m,o\ntransforms.m.type=io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "message.prefix.include.list is empty", true},
+		{"message prefix patterns", "connector.class=io.debezium.connector.postgresql.PostgresConnector\nmessage.prefix.include.list=outbox.*\ntransforms=m,o\ntransforms.m.type=io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "patterns", true},
+		{"messages without a table", "connector.class=io.debezium.connector.postgresql.PostgresConnector\nmessage.prefix.include.list=outbox\ntransforms=m,o\ntransforms.m.type=io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "may stay empty", false},
 		{"no converters", "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntable.include.list=public.outbox\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter", "StringConverter assumed", false},
 	} {
 		props, err := ParseDebeziumConfig([]byte(tc.props))
@@ -149,6 +152,33 @@ func TestFromDebeziumTablesList(t *testing.T) {
 
 // TestDebeziumSecretKey: options that hold secrets are masked, options that merely end in ".key" and
 // name a column or a converter are not (their values, column names, would vanish from the output).
+// TestFromDebeziumMessages: a connector that relays WAL messages (DecodeLogicalDecodingMessageContent
+// before the EventRouter) becomes a source with postgres.message_prefixes, which loads.
+func TestFromDebeziumMessages(t *testing.T) {
+	props, err := ParseDebeziumConfig([]byte("connector.class=io.debezium.connector.postgresql.PostgresConnector\ndatabase.hostname=pg\ndatabase.dbname=orders\n" +
+		"table.include.list=public.outbox\nmessage.prefix.include.list=outbox,billing\ntransforms=m,o\n" +
+		"transforms.m.type=io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := FromDebezium(props)
+	if conv.Blocking {
+		t.Fatalf("blocking: %v", conv.Notes)
+	}
+	if notes := strings.Join(conv.Notes, "\n"); strings.Contains(notes, "DecodeLogicalDecodingMessageContent") {
+		t.Errorf("the message transform is said not to be carried over:\n%s", notes)
+	}
+	path := t.TempDir() + "/c.yaml"
+	writeFile(t, path, strings.Replace(string(conv.YAML), "CHANGE-ME:9092", "kafka:9092", 1))
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatalf("the converted configuration does not load: %v\n%s", err, conv.YAML)
+	}
+	if got := strings.Join(cfg.Postgres.MessagePrefixes, ","); got != "outbox,billing" {
+		t.Errorf("postgres.message_prefixes %q, want outbox,billing:\n%s", got, conv.YAML)
+	}
+}
+
 func TestDebeziumSecretKey(t *testing.T) {
 	for key, secret := range map[string]bool{
 		"database.password": true, "database.sslpassword": true, "database.sslkey": true, "sasl.jaas.config": true,
