@@ -62,6 +62,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs; medians are reported")
 	fleetBudget := flag.String("fleet-budgets", "", "with -fleet: also drain -events over 4 busy sources with each of these fleet.max_inflight_bytes (bytes, comma-separated; e.g. 67108864,1099511627776 for the default against none), -runs times, side by side")
 	fleetCounts := flag.String("fleet", "", "instead of the rest: one process with each of these numbers of sources (e.g. 1,10,50): RSS, connections and CPU idle and under -rate events/s, and the drain of -events over 1 and 4 sources")
+	writeCostEvents := flag.Int("write-cost", 0, "instead of the rest: what an event costs PostgreSQL written as an insert, an insert and delete, and a WAL message (pg_logical_emit_message): WAL bytes, commit latency, a writer's events/s, table size and vacuum, on this many events per carrier and run")
 	inboxEvents := flag.Int("inbox", 0, "instead of the rest: package inbox's throughput on this many events, beside a bare consumer running the same insert")
 	var sc scaleConfig
 	flag.IntVar(&sc.events, "scale", 0, "instead of the rest (make bench-scale): drain a backlog of this many events, written by PostgreSQL itself, printing throughput and RSS per -scale-step; then the long steady load; then resync (with -with-binary, that build's resync too, alternating)")
@@ -142,6 +143,13 @@ func main() {
 			os.Exit(2)
 		}
 		if err := runScale(c, sc); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *writeCostEvents > 0 {
+		if err := runWriteCost(c, env["OUTBOX_CDC_TEST_ADMIN_POSTGRES"], *writeCostEvents, *runs); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
