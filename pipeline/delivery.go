@@ -185,3 +185,35 @@ func (e *exactlyOnce) end(graceful bool, runErr error) ending {
 }
 
 func (e *exactlyOnce) stopped(replication.Server) {}
+
+// handler hands rows from the stream to the router and records them in the tracker.
+type handler struct {
+	router  *router.Router
+	tracker *checkpoint.Tracker
+	// skip (at-least-once), when not nil, skips the transactions an earlier session of this process
+	// saw acknowledged by Kafka.
+	skip *skipper
+	// ackTx and ack are the last transaction delivered and its acknowledgement callback, shared by
+	// its rows: one closure per transaction, not per row.
+	ackTx *checkpoint.Tx
+	ack   func()
+}
+
+// Deliver implements replication.Handler.
+func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replication.Row) error {
+	if h.skip.skips(tx) {
+		return nil
+	}
+	prepared, err := h.router.Prepare(ctx, row, router.Source{LSN: uint64(row.LSN), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
+	if err != nil {
+		return err
+	}
+	h.tracker.Add(tx)
+	if h.ackTx != tx {
+		tracker := h.tracker
+		h.ackTx, h.ack = tx, func() { tracker.Ack(tx) }
+	}
+	h.router.Produce(prepared, h.ack)
+	h.skip.handed()
+	return nil
+}

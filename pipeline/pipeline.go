@@ -9,12 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
@@ -145,110 +143,6 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (*Pipeline, error)
 		return nil, fmt.Errorf("invalid configuration: --accept-gap applies to kafka.delivery exactly-once only (at-least-once keeps no checkpoint that the slot could be ahead of)")
 	}
 	return p, nil
-}
-
-// columnRoles are the columns the router reads, checked at set-up against the table and on every
-// Relation message of the stream: the four without which no record can be built, and the topic
-// template's columns, are required; the header columns are optional.
-func columnRoles(cfg config.Config, rules ...*router.Rules) []replication.ColumnRole {
-	c := cfg.Postgres.Columns
-	roles := []replication.ColumnRole{
-		{Column: c.EventID, Key: "postgres.columns.event_id", Required: true},
-		{Column: c.EventType, Key: "postgres.columns.event_type", Required: true},
-		{Column: c.AggregateID, Key: "postgres.columns.aggregate_id", Required: true},
-		{Column: c.Payload, Key: "postgres.columns.payload", Required: true},
-	}
-	for _, o := range []replication.ColumnRole{
-		{Column: c.AggregateType, Key: "postgres.columns.aggregate_type"},
-		{Column: c.AggregateVersion, Key: "postgres.columns.aggregate_version"},
-		{Column: c.Headers, Key: "postgres.columns.headers"},
-		{Column: c.CreatedAt, Key: "postgres.columns.created_at"},
-		{Column: c.TraceContext, Key: "postgres.columns.trace_context"},
-	} {
-		if o.Column != "" {
-			roles = append(roles, o)
-		}
-	}
-	if cfg.Kafka.HeaderFormat == config.HeaderFormatDebezium {
-		// Debezium needs no event type (its default table has one; the router uses it for the
-		// metrics' labels only).
-		roles[1].Required = false
-		// Debezium stops on an additional field the table lacks; so does the router, at start.
-		fields, _ := cfg.Kafka.Debezium.AdditionalFields()
-		for _, f := range fields {
-			if i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == f.Column }); i >= 0 {
-				roles[i].Required = true
-			} else {
-				roles = append(roles, replication.ColumnRole{Column: f.Column, Key: "kafka.debezium.additional_placement", Required: true})
-			}
-		}
-	}
-	if c.Timestamp != "" {
-		// Asked for by name: a table without it is refused at start, not silently stamped otherwise.
-		i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == c.Timestamp })
-		if i < 0 {
-			roles = append(roles, replication.ColumnRole{Column: c.Timestamp, Key: "postgres.columns.timestamp", Required: true})
-		} else {
-			roles[i].Required = true
-		}
-	}
-	for _, r := range rules {
-		for _, col := range r.TemplateColumns() {
-			i := slices.IndexFunc(roles, func(r replication.ColumnRole) bool { return r.Column == col })
-			if i < 0 {
-				roles = append(roles, replication.ColumnRole{Column: col, Key: "routing.topic", Required: true})
-			} else {
-				roles[i].Required = true
-			}
-		}
-	}
-	return roles
-}
-
-// columnRoles are the columns the router reads from the rows of every outbox table.
-func (p *Pipeline) columnRoles() []replication.ColumnRole {
-	return columnRoles(p.cfg, append([]*router.Rules{p.rules}, p.tableRules...)...)
-}
-
-// outbox names the configured outbox table and publication.
-func (p *Pipeline) outbox() replication.Outbox {
-	schema, table := replication.SplitTable(p.cfg.Postgres.Table)
-	return replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication}
-}
-
-// tables names the further outbox tables (the tables list), which share the publication.
-func (p *Pipeline) tables() []replication.Outbox {
-	var out []replication.Outbox
-	for _, t := range p.cfg.Tables {
-		schema, table := replication.SplitTable(t.Name)
-		out = append(out, replication.Outbox{Schema: schema, Table: table, Publication: p.cfg.Postgres.Publication})
-	}
-	return out
-}
-
-// allTables names every outbox table: the configured one, then the tables list.
-func (p *Pipeline) allTables() []replication.Outbox {
-	return append([]replication.Outbox{p.outbox()}, p.tables()...)
-}
-
-// rulesOf returns the routing rules of outbox table i (Row.Table).
-func (p *Pipeline) rulesOf(i int) *router.Rules {
-	if i > 0 && i <= len(p.tableRules) {
-		return p.tableRules[i-1]
-	}
-	return p.rules
-}
-
-// format is kafka.header_format for the router.
-func (p *Pipeline) format() router.Format {
-	f := router.Format{CloudEvents: p.cfg.Kafka.HeaderFormat == config.HeaderFormatCloudEvents, Source: p.cfg.EventSource()}
-	if p.cfg.Kafka.HeaderFormat == config.HeaderFormatDebezium {
-		d := p.cfg.Kafka.Debezium
-		fields, _ := d.AdditionalFields() // validated with the configuration
-		f.Debezium = &router.DebeziumFormat{JSON: d.Converter == config.DebeziumConverterJSON, Fields: fields,
-			ExpandJSONPayload: d.ExpandJSONPayload, TombstoneOnEmptyPayload: d.TombstoneOnEmptyPayload}
-	}
-	return f
 }
 
 // permanent reports errors that replaying cannot fix: the operator must act.
@@ -504,133 +398,10 @@ func (p *Pipeline) runOnce(ctx context.Context, c *carried) error {
 	return runErr
 }
 
-// setup opens the catalog connection and checks (and creates) what the stream needs. A slot still
-// held by this process's previous session is taken back.
-func (p *Pipeline) setup(ctx context.Context, c *carried) (*session, error) {
-	cfg := p.cfg
-	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(cfg.Postgres))
-	if err != nil {
-		return nil, err
-	}
-	// A hot standby polls here while another instance streams: it learns that from the catalog,
-	// without taking a WAL sender for a replication connection on every poll.
-	if c.standby {
-		if slot, err := cat.Slot(ctx, cfg.Postgres.Slot); err == nil && slot.Active && slot.ActivePID != c.lastPID {
-			_ = cat.Close(context.Background())
-			return nil, fmt.Errorf("%w: slot %q is active for pid %d", replication.ErrSlotInUse, cfg.Postgres.Slot, slot.ActivePID)
-		}
-	}
-	conn, srv, err := p.connect(ctx, cat)
-	if err != nil {
-		_ = cat.Close(context.Background())
-		return nil, err
-	}
-	s := &session{cat: cat, conn: conn, server: srv}
-	if err := p.identifyAgain(srv); err != nil {
-		s.close()
-		return nil, err
-	}
-	opts := replication.SetupOptions{
-		Outbox: p.outbox(), Tables: p.tables(), Slot: cfg.Postgres.Slot, Columns: p.columnRoles(),
-		CreatePublication: cfg.Postgres.CreatePublication, CreateSlot: cfg.Postgres.CreateSlot, FailoverSlot: cfg.Postgres.FailoverSlot,
-		SlotSeen: c.slotSeen, PublicationSeen: c.slotSeen, Server: srv, ApplicationName: conn.ParameterStatus("application_name"),
-		Ignore: replication.IgnoredTables(cfg.Postgres.IgnoreTables),
-	}
-	res, err := cat.Setup(ctx, opts)
-	if errors.Is(err, replication.ErrSlotInUse) && c.lastPID != 0 && res.Slot.ActivePID == c.lastPID {
-		ended, terr := cat.TerminateSlotHolder(ctx, cfg.Postgres.Slot, c.lastPID)
-		if terr != nil {
-			err = errors.Join(err, terr)
-		} else if ended {
-			p.log.Warn("ended this process's previous replication session, which still held the slot (its connection died without the server noticing)",
-				"slot", cfg.Postgres.Slot, "pid", c.lastPID)
-			for i := 0; i < 50 && errors.Is(err, replication.ErrSlotInUse); i++ {
-				time.Sleep(100 * time.Millisecond)
-				res, err = cat.Setup(ctx, opts)
-			}
-		}
-	}
-	if err == nil {
-		// What happened to the outbox between the last session and this one.
-		err = res.Verified.Continues(c.verified, p.outbox(), p.tables()...)
-	}
-	s.res = res
-	for _, w := range res.Changed {
-		p.log.Warn(w)
-	}
-	if err != nil {
-		s.close()
-		return s, err
-	}
-	if res.CreatedPublication {
-		p.log.Info("created publication", "publication", cfg.Postgres.Publication, "table", cfg.Postgres.Table)
-	}
-	if res.CreatedSlot {
-		p.log.Info("created replication slot", "slot", cfg.Postgres.Slot)
-	}
-	for _, w := range res.Warnings {
-		p.log.Warn(w)
-	}
-	return s, nil
-}
-
 // phantomRiskWarning says what a failover slot without synchronized_standby_slots risks.
 const phantomRiskWarning = "the slot is a failover slot, but the primary's synchronized_standby_slots is empty: the router may receive (and publish) transactions that no standby has yet, " +
 	"and after a failover to a standby that was behind, Kafka holds events whose transactions the new primary never had (phantom events). " +
 	"Set synchronized_standby_slots to the standbys' physical slots (see outbox-cdc status --standby)"
-
-// checkPhantomRisk reads, for a failover slot, whether the primary holds logical walsenders back
-// until its standbys have flushed (synchronized_standby_slots): without it a failover can leave
-// phantom events in Kafka. It warns when that state changes, and health and metrics report it.
-func (p *Pipeline) checkPhantomRisk(ctx context.Context, cat *replication.Catalog, failoverSlot bool) error {
-	risk := false
-	if failoverSlot {
-		pf, err := cat.PrimaryFailover(ctx)
-		if err != nil {
-			return err
-		}
-		risk = pf.FailoverSupported() && len(pf.SynchronizedStandbySlots) == 0
-	}
-	if was := p.obs.setPhantomRisk(risk); risk && !was {
-		p.log.Warn(phantomRiskWarning, "slot", p.cfg.Postgres.Slot)
-	} else if !risk && was {
-		p.log.Info("synchronized_standby_slots is set now: a failover can no longer leave phantom events", "slot", p.cfg.Postgres.Slot)
-	}
-	return nil
-}
-
-// session is what set-up opened for one session: the catalog connection (the verifier's), the
-// replication connection that will stream, the server it reached, and what set-up found.
-type session struct {
-	cat    *replication.Catalog
-	conn   *pgconn.PgConn
-	server replication.Server
-	res    replication.SetupResult
-}
-
-// close closes both connections (the stream, once started, owns conn and closes it itself).
-func (s *session) close() {
-	if s.conn != nil {
-		_ = s.conn.Close(context.Background())
-	}
-	_ = s.cat.Close(context.Background())
-}
-
-// connect opens the replication connection that will stream and asks who its server is. A
-// connection refused for a reason set-up names (a role without REPLICATION, wal_level below logical)
-// is explained over the catalog connection cat.
-func (p *Pipeline) connect(ctx context.Context, cat *replication.Catalog) (*pgconn.PgConn, replication.Server, error) {
-	conn, err := replication.Connect(ctx, replication.TargetOf(p.cfg.Postgres))
-	if err != nil {
-		return nil, replication.Server{}, cat.ExplainConnectFailure(ctx, err)
-	}
-	srv, err := replication.IdentifyServer(ctx, conn)
-	if err != nil {
-		_ = conn.Close(context.Background())
-		return nil, replication.Server{}, err
-	}
-	return conn, srv, nil
-}
 
 // finishTimeout bounds the clean end of the replication stream at a graceful stop.
 const finishTimeout = 5 * time.Second
@@ -648,73 +419,4 @@ var errTransactionTooLarge = errors.New("a PostgreSQL transaction does not fit i
 // held: the slot keeps everything unconfirmed, and the next session replays it.
 var errReleased = errors.New("released the replication connection")
 
-// baseType is the stream's BaseType: it asks the catalog over a connection of its own (the stream
-// asks once per user-defined type of an outbox column the router reads, so rarely).
-func (p *Pipeline) baseType(ctx context.Context, oid uint32) (uint32, error) {
-	cat, err := replication.OpenCatalog(ctx, replication.TargetOf(p.cfg.Postgres))
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = cat.Close(context.Background()) }()
-	return cat.BaseType(ctx, oid)
-}
-
-// identifyAgain checks that the server the session streams from is of the cluster the exactly-once
-// mode's slot identity names; if it is another (restored into a new cluster), the identity is
-// learned anew and the session starts over, so that its Kafka transactions and checkpoints carry it.
-func (p *Pipeline) identifyAgain(srv replication.Server) error {
-	if p.slotID == nil || (p.slotID.SystemID == srv.SystemID && p.slotID.Database == srv.Database) {
-		return nil
-	}
-	old := *p.slotID
-	p.slotID = &checkpoint.SlotID{SystemID: srv.SystemID, Database: srv.Database, Slot: p.cfg.Postgres.Slot}
-	return fmt.Errorf("the database system changed under the router (slot identity %s, now %s): starting over with the new identity", old, p.slotID)
-}
-
-// identify learns, once, what identifies the slot across processes (exactly-once mode only): the
-// cluster's system identifier and the database, with the slot's name.
-func (p *Pipeline) identify(ctx context.Context) error {
-	if !p.cfg.Kafka.ExactlyOnce() || p.slotID != nil {
-		return nil
-	}
-	sys, db, err := replication.Identify(ctx, replication.TargetOf(p.cfg.Postgres))
-	if err != nil {
-		return err
-	}
-	p.slotID = &checkpoint.SlotID{SystemID: sys, Database: db, Slot: p.cfg.Postgres.Slot}
-	return nil
-}
-
 var _ replication.Batcher = (*quietHandler)(nil)
-
-// handler hands rows from the stream to the router and records them in the tracker.
-type handler struct {
-	router  *router.Router
-	tracker *checkpoint.Tracker
-	// skip (at-least-once), when not nil, skips the transactions an earlier session of this process
-	// saw acknowledged by Kafka.
-	skip *skipper
-	// ackTx and ack are the last transaction delivered and its acknowledgement callback, shared by
-	// its rows: one closure per transaction, not per row.
-	ackTx *checkpoint.Tx
-	ack   func()
-}
-
-// Deliver implements replication.Handler.
-func (h *handler) Deliver(ctx context.Context, tx *checkpoint.Tx, row *replication.Row) error {
-	if h.skip.skips(tx) {
-		return nil
-	}
-	prepared, err := h.router.Prepare(ctx, row, router.Source{LSN: uint64(row.LSN), CommitTime: tx.CommitTime(), CommitLSN: uint64(tx.CommitLSN())})
-	if err != nil {
-		return err
-	}
-	h.tracker.Add(tx)
-	if h.ackTx != tx {
-		tracker := h.tracker
-		h.ackTx, h.ack = tx, func() { tracker.Ack(tx) }
-	}
-	h.router.Produce(prepared, h.ack)
-	h.skip.handed()
-	return nil
-}
