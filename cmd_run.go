@@ -1,22 +1,13 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"net"
-	"net/http"
+	"errors"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-cdc/outbox-cdc/config"
-	"github.com/outbox-cdc/outbox-cdc/fleet"
-	"github.com/outbox-cdc/outbox-cdc/internal/buildinfo"
-	"github.com/outbox-cdc/outbox-cdc/internal/tracing"
-	"github.com/outbox-cdc/outbox-cdc/metrics"
-	"github.com/outbox-cdc/outbox-cdc/pipeline"
-	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/internal/daemon"
 )
 
 func newRunCommand() *cobra.Command {
@@ -74,120 +65,11 @@ Environment variables:
 			if err != nil {
 				return err
 			}
-			if acceptGap && len(sources) > 1 {
-				return fmt.Errorf("--accept-gap: name the one source it is for with --source (it accepts a gap in that source's events)")
-			}
-			m := metrics.New()
-			var common []pipeline.Option
-			tracer, stopTracing, err := tracing.Setup(cmd.Context(), cfg.Tracing, buildinfo.Read().Version)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				// Spans still batched go out before the process ends, within a few seconds.
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				if err := stopTracing(ctx); err != nil {
-					log.Warn("tracing: spans not exported at stop", "error", err.Error())
-				}
-			}()
-			if tracer != nil {
-				common = append(common, pipeline.WithTracer(tracer))
-				log.Info("tracing: a producer span per record", "otlp_endpoint", cfg.Tracing.OTLPEndpoint, "sample_ratio", cfg.Tracing.SampleRatio)
-			}
-			if acceptGap {
-				common = append(common, pipeline.WithAcceptGap())
-			}
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			serve := func(extra map[string]http.Handler) error {
-				if cfg.Metrics.Addr == "" {
-					return nil
-				}
-				ln, err := net.Listen("tcp", cfg.Metrics.Addr)
-				if err != nil {
-					return fmt.Errorf("metrics.addr: %w", err)
-				}
-				paths := "/metrics /healthz /readyz"
-				if extra != nil {
-					paths += " /api/sources /status"
-				}
-				if cfg.Metrics.Pprof {
-					paths += " /debug/pprof/"
-				}
-				log.Info("serving metrics and health", "addr", ln.Addr().String(), "paths", paths)
-				go func() {
-					if err := m.Serve(ctx, ln, cfg.Metrics.Pprof, extra); err != nil {
-						log.Error("metrics endpoint stopped", "error", err.Error())
-					}
-				}()
-				return nil
-			}
-			if !cfg.HasSources() {
-				// The one-source shorthand: a permanent error ends the process, as it always has.
-				opts := append([]pipeline.Option{pipeline.WithObserver(m.Source(config.DefaultSourceName))}, common...)
-				p, err := pipeline.New(cfg, log, opts...)
-				if err != nil {
-					return err
-				}
-				m.Watch(config.DefaultSourceName, p.Health)
-				if err := serve(nil); err != nil {
-					return err
-				}
-				log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "postgres", cfg.PostgresTarget(),
-					"brokers", cfg.Kafka.Brokers, "table", cfg.Postgres.Table, "slot", cfg.Postgres.Slot)
-				if err := p.Run(ctx); err != nil {
-					log.Error("outbox-cdc stopped: retrying cannot fix this; fix it and start again", "error", err.Error())
-					return errExit
-				}
-				return nil
-			}
-			var members []fleet.Source
-			names := make([]string, 0, len(sources))
-			// The sources' bytes in flight together, beside each one's limits: the process's bound.
-			common = append(common, pipeline.WithBudget(router.NewBudget(cfg.Fleet.MaxInFlightBytes)))
-			for _, s := range sources {
-				members = append(members, fleet.Source{Config: s, Options: append([]pipeline.Option{pipeline.WithObserver(m.Source(s.Name))}, common...)})
-				names = append(names, s.Name)
-			}
-			var coord *fleet.Coordinator
-			if cfg.Fleet.Coordination == config.FleetKafka && len(only) == 0 {
-				kopts, err := router.ClientOpts(cfg.Kafka)
-				if err != nil {
-					return err
-				}
-				instance := cfg.Fleet.Instance
-				if instance == "" {
-					host, _ := os.Hostname()
-					instance = host
-					if cfg.Metrics.Addr != "" {
-						instance += "/" + cfg.Metrics.Addr
-					}
-				}
-				coord = &fleet.Coordinator{
-					Group: cfg.GroupID(), Topic: cfg.CoordinationTopic(), LegacyTopic: cfg.LegacyCoordinationTopic(), Instance: instance,
-					SessionTimeout: cfg.Fleet.SessionTimeout, RebalanceTimeout: cfg.ShutdownTimeout + 30*time.Second,
-					ReplicationFactor: cfg.Kafka.TopicReplicationFactor, ClientOpts: kopts, Log: log,
-				}
-			}
-			f, err := fleet.New(log, m, scrubber(cfg).String, coord, members)
-			if err != nil {
-				return fmt.Errorf("invalid configuration: %w", err)
-			}
-			api := f.Handler(fleet.APIOptions{TokenFile: cfg.Metrics.AdminTokenFile, AllowedHosts: cfg.Metrics.AllowedHosts})
-			if err := serve(map[string]http.Handler{"/api/": api, "/status": api}); err != nil {
-				return err
-			}
-			log.Info("outbox-cdc starting", "version", buildinfo.Read().Version, "commit", buildinfo.Read().Commit, "sources", names)
-			for _, s := range sources {
-				log.Info("source", "source", s.Name, "postgres", s.PostgresTarget(), "brokers", s.Kafka.Brokers, "table", s.Postgres.Table,
-					"slot", s.Postgres.Slot, "delivery", s.Kafka.Delivery)
-			}
-			if err := f.Run(ctx); err != nil {
-				log.Error("outbox-cdc stopped", "error", err.Error())
+			err = daemon.Run(cmd.Context(), cfg, log, daemon.Options{Sources: sources, Picked: len(only) > 0, AcceptGap: acceptGap, Scrub: scrubber(cfg).String})
+			if errors.Is(err, daemon.ErrStopped) {
 				return errExit
 			}
-			return nil
+			return err
 		},
 	}
 	config.RegisterFlags(cmd.Flags())

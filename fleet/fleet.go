@@ -57,7 +57,14 @@ type Fleet struct {
 	// scrubber hides secrets in what the API shows; name is this instance's name without coordination.
 	scrubber Scrub
 	name     string
+	// fail, with ExitOnFailure, ends Run with a source's permanent error.
+	fail context.CancelCauseFunc
 }
+
+// sourceFailed is the cause with which a source's permanent error ends Run (ExitOnFailure).
+type sourceFailed struct{ err error }
+
+func (s *sourceFailed) Error() string { return s.err.Error() }
 
 // running is one source's state in the fleet.
 type running struct {
@@ -80,6 +87,9 @@ type running struct {
 	pause    Pause // the operator's pause state (fleet-wide)
 	// change serializes starts and stops of this source (a stop waits for the pipeline).
 	change sync.Mutex
+	// exit, when set (ExitOnFailure), ends the fleet's Run with the source's permanent error instead of
+	// holding the source.
+	exit func(error)
 	// release, with a coordination, steps this instance back from the source for a while, so that
 	// another instance may take it (a cause local to this instance: its configuration).
 	release func(time.Duration)
@@ -116,17 +126,32 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources [
 	return f, nil
 }
 
+// ExitOnFailure makes Run return the first permanent error a source stops on, stopping the others,
+// instead of holding that source and retrying it: run's one-source form, whose process exits so that
+// its supervisor sees the failure, as it always has. Call it before Run.
+func (f *Fleet) ExitOnFailure() {
+	for _, r := range f.sources {
+		r.exit = func(err error) { f.fail(&sourceFailed{err}) }
+	}
+}
+
 // Run streams the sources until ctx ends — every one, or those the coordinator assigns to this
 // instance as they come and go — then stops each gracefully and returns nil. It returns an error
-// only when the coordination cannot start.
+// only when the coordination cannot start, or, with ExitOnFailure, when a source stopped for good.
 func (f *Fleet) Run(ctx context.Context) error {
 	defer f.stopAll()
+	ctx, f.fail = context.WithCancelCause(ctx)
+	defer f.fail(nil)
 	if f.coord == nil {
 		f.ctx = ctx
 		for _, r := range f.sources {
 			f.Assigned(r.src.Config.Name, true)
 		}
 		<-ctx.Done()
+		var failed *sourceFailed
+		if errors.As(context.Cause(ctx), &failed) {
+			return failed.err
+		}
 		return nil
 	}
 	members := make([]Member, len(f.sources))
@@ -311,6 +336,10 @@ func (r *running) run(ctx context.Context) {
 		}
 		if err == nil {
 			err = errors.New("the pipeline stopped without an error")
+		}
+		if r.exit != nil {
+			r.exit(err)
+			return
 		}
 		if !heals(err) && !local(err) {
 			// A row, the outbox or the slot needs the operator: starting again would replay up to the
