@@ -114,7 +114,7 @@ bench-compare: build up ## the same, side by side with Debezium 3.6.1 on Kafka C
 
 # How long the first two chaos runs inject faults (at least one of every kind, however short).
 CHAOS_DURATION ?= 150s
-chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections; then primary failovers on PostgreSQL 17; then a fleet of 4 sources over 3 instances killed one by one, with a rolling change of its sources list) in both delivery modes: one line each, fails on loss, disorder or phantom events (and on any duplicate in exactly-once mode)
+chaos: build up ## faults under load (kills, broker and PostgreSQL restarts, cut and silent connections, one writer on rows and one on WAL messages; then primary failovers on PostgreSQL 17; then a fleet of 4 sources over 3 instances killed one by one, with a rolling change of its sources list) in both delivery modes: one line each, fails on loss, disorder or phantom events (and on any duplicate in exactly-once mode)
 	$(GO) run ./scripts/chaos -duration $(CHAOS_DURATION) -delivery at-least-once
 	$(GO) run ./scripts/chaos -duration $(CHAOS_DURATION) -delivery exactly-once
 	$(GO) run ./scripts/chaos -failover 3 -delivery at-least-once

@@ -51,6 +51,7 @@ type options struct {
 	recoverWait time.Duration
 	delivery    string
 	failover    int
+	messages    bool
 }
 
 func main() {
@@ -63,6 +64,7 @@ func main() {
 	flag.StringVar(&o.binary, "binary", "bin/outbox-cdc", "the outbox-cdc binary")
 	flag.DurationVar(&o.recoverWait, "recover-timeout", 2*time.Minute, "longest wait for the router to catch up after a fault")
 	flag.StringVar(&o.delivery, "delivery", "at-least-once", "kafka.delivery of the router: at-least-once, or exactly-once (read back with read_committed; any duplicate fails the run)")
+	flag.BoolVar(&o.messages, "messages", true, "the second writer writes its events as WAL messages (pg_logical_emit_message, postgres.message_prefixes), the first as rows")
 	fleet := flag.Int("fleet", 0, "instead of the other faults, this many sources shared by three instances (the consumer group), an instance killed and replaced at every fault")
 	flag.IntVar(&o.failover, "failover", 0, "instead of the other faults, this many primary failovers on a PostgreSQL 17 primary and standby of the run's own")
 	flag.Parse()
@@ -562,7 +564,7 @@ func (s *suite) write(ctx context.Context, w int) {
 			evs[j] = gen.Event(rand.IntN(20))
 		}
 		txid := testenv.NewUUID()
-		committed, known := s.commit(ctx, db, evs, txid, rand.IntN(2) == 0)
+		committed, known := s.commit(ctx, db, evs, txid, rand.IntN(2) == 0, s.o.messages && w == 1)
 		if !known {
 			_ = db.Close(context.Background())
 			db = nil
@@ -587,14 +589,21 @@ func (s *suite) newLedger() {
 	s.committed, s.txids, s.commitAt = make([][]testenv.Event, 2), make([][]string, 2), make([][]time.Time, 2)
 }
 
-// commit writes evs in one transaction. known is false when the connection failed at the commit,
-// so that the outcome must be looked up.
-func (s *suite) commit(ctx context.Context, db *pgx.Conn, evs []testenv.Event, txid string, deleteAfter bool) (committed, known bool) {
+// commit writes evs in one transaction, as rows (deleted again with deleteAfter) or as WAL messages
+// (asMessages). known is false when the connection failed at the commit, so that the outcome must be
+// looked up.
+func (s *suite) commit(ctx context.Context, db *pgx.Conn, evs []testenv.Event, txid string, deleteAfter, asMessages bool) (committed, known bool) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, !db.IsClosed()
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
+	if asMessages {
+		if err := testenv.EmitIn(ctx, tx, messagePrefix, evs); err != nil {
+			return false, !db.IsClosed()
+		}
+		evs = nil
+	}
 	for _, e := range evs {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+s.table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
 			VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload, e.Headers); err != nil {
@@ -666,6 +675,9 @@ func (s *suite) consume(want []testenv.Event) []*kgo.Record {
 	return out
 }
 
+// messagePrefix is the prefix of the WAL messages the second writer emits (-messages).
+const messagePrefix = "chaos-outbox"
+
 // routerProc is a running outbox-cdc process.
 type routerProc struct {
 	cmd  *exec.Cmd
@@ -697,7 +709,7 @@ func (s *suite) startRouter() (*routerProc, error) {
 		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms", "OUTBOX_CDC_SHUTDOWN_TIMEOUT=10s", "OUTBOX_CDC_LOG_FORMAT=json",
 		"OUTBOX_CDC_METRICS_ADDR="+metrics, "OUTBOX_CDC_DELIVERY="+s.o.delivery, "OUTBOX_CDC_CHECKPOINT_TOPIC="+s.pfx+".checkpoints",
 		// The delivery checker reads the record timestamp as the order of production.
-		"OUTBOX_CDC_RECORD_TIMESTAMP=produce")
+		"OUTBOX_CDC_RECORD_TIMESTAMP=produce", "OUTBOX_CDC_MESSAGE_PREFIXES="+messagePrefix)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
