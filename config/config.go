@@ -631,8 +631,13 @@ func (c *Config) validate(bad func(key, format string, args ...any)) {
 			bad("postgres.url", "%v", err)
 		}
 	}
-	if parts := strings.Split(c.Postgres.Table, "."); len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "" {
-		bad("postgres.table", "must be table or schema.table, got %q", c.Postgres.Table)
+	switch parts := strings.Split(c.Postgres.Table, "."); {
+	case c.Postgres.Table == "" && len(c.Postgres.MessagePrefixes) > 0 && len(c.Tables) == 0:
+		// A source of WAL messages only: no table, only the publication the stream names.
+	case c.Postgres.Table == "" && len(c.Postgres.MessagePrefixes) > 0:
+		bad("postgres.table", "is empty (a source of WAL messages only), but tables lists further outbox tables: name the first one here")
+	case len(parts) > 2 || c.Postgres.Table == "" || parts[0] == "" || parts[len(parts)-1] == "":
+		bad("postgres.table", "must be table or schema.table (empty only for a source of WAL messages, with postgres.message_prefixes), got %q", c.Postgres.Table)
 	}
 	for i, prefix := range c.Postgres.MessagePrefixes {
 		switch {

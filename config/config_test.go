@@ -421,3 +421,28 @@ func TestPasswordCommandIsASecret(t *testing.T) {
 		t.Errorf("secrets %q lack the password command", c.Secrets())
 	}
 }
+
+// TestMessagesOnlyNeedsNoTable: postgres.table may be empty only for a source of WAL messages
+// (postgres.message_prefixes), and then without a tables list.
+func TestMessagesOnlyNeedsNoTable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefixes []string
+		tables   []Table
+		ok       bool
+	}{
+		{"messages only", []string{"outbox"}, nil, true},
+		{"no table, no messages", nil, nil, false},
+		{"no table but further tables", []string{"outbox"}, []Table{{Name: "public.more"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Default()
+			cfg.Postgres.URL, cfg.Kafka.Brokers = "postgres://u@h/db", []string{"k:9092"}
+			cfg.Postgres.Table, cfg.Postgres.MessagePrefixes, cfg.Tables = "", tc.prefixes, tc.tables
+			err := cfg.Validate()
+			if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "postgres.table")) {
+				t.Errorf("Validate: %v, want ok=%t (an error naming postgres.table)", err, tc.ok)
+			}
+		})
+	}
+}

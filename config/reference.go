@@ -28,7 +28,7 @@ var reference = []refRow{
 	{keys: []string{"sources"}, def: "—", doc: "several sources in one process: a list of `name` plus `postgres`, `kafka`, `routing`, `limits` keys over the top-level ones ([fleet](fleet.md))", flag: "`run --source` picks some"},
 	{keys: []string{"tables"}, def: "—", doc: "further outbox tables of the source's database, sharing its slot and publication: a list of `table` (schema.table) and `routing` over the source's ([fleet](fleet.md))"},
 	{keys: []string{"postgres.url"}, def: "— (required)", doc: "connection URL; the role needs `REPLICATION`"},
-	{keys: []string{"postgres.table"}, def: "`public.outbox`", doc: "outbox table"},
+	{keys: []string{"postgres.table"}, def: "`public.outbox`", doc: "outbox table; `\"\"` (in the file) for a source of WAL messages only (`postgres.message_prefixes`)"},
 	{keys: []string{"postgres.slot"}, def: "`outbox_cdc`", doc: "logical replication slot"},
 	{keys: []string{"postgres.publication"}, def: "`outbox_cdc`", doc: "publication"},
 	{keys: []string{"postgres.create_slot"}, def: "`true`", doc: "create the slot when missing"},

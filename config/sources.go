@@ -243,10 +243,23 @@ func (c *Config) resolveSources(explicit func(key string) bool) error {
 			} else if !dup {
 				publications[at] = struct{ source, table string }{s.Name, sc.Postgres.Table}
 			}
+			for _, prefix := range sc.Postgres.MessagePrefixes {
+				// Every slot of a database decodes every message: two sources reading one prefix
+				// would each send it.
+				at = place{target, "message prefix " + prefix}
+				if other, dup := tables[at]; dup && other != s.Name {
+					errs = append(errs, fmt.Errorf("%s: postgres.message_prefixes: %q is also a prefix of source %s on the same database: every message would be sent twice", label, prefix, other))
+				} else if !dup {
+					tables[at] = s.Name
+				}
+			}
 			for j, t := range append([]string{sc.Postgres.Table}, tableNames(sc.Tables)...) {
 				key := "postgres.table"
 				if j > 0 {
 					key = fmt.Sprintf("tables[%d].table", j-1)
+				}
+				if t == "" {
+					continue // a source of WAL messages only
 				}
 				at = place{target, qualifiedTable(t)}
 				if other, dup := tables[at]; dup && other != s.Name {

@@ -129,6 +129,8 @@ func TestSourcesValidationNamesSourceAndKey(t *testing.T) {
 			[]string{`sources[1] (b): postgres.publication: "outbox_cdc" is also the publication of source a (table public.a)`}},
 		{"one table twice", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", slot: a}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", slot: b}}",
 			[]string{`sources[1] (b): postgres.table: public.outbox is also a table of source a`}},
+		{"one message prefix twice on one database", "  - {name: a, postgres: {url: \"postgres://u@h/db1\", table: \"\", slot: a, publication: pa, message_prefixes: [outbox]}}\n  - {name: b, postgres: {url: \"postgres://u@h/db1\", table: \"\", slot: b, publication: pb, message_prefixes: [billing, outbox]}}",
+			[]string{`sources[1] (b): postgres.message_prefixes: "outbox" is also a prefix of source a`}},
 		{"a source's own invalid value", "  - {name: a, postgres: {url: \"postgres://u@h/db1\"}, kafka: {delivery: twice}}", []string{`sources[0] (a): kafka.delivery: must be`}},
 	}
 	for _, tt := range tests {

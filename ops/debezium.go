@@ -209,8 +209,9 @@ func FromDebezium(props map[string]string) Conversion {
 	}
 	switch {
 	case len(list) == 0 && messages:
-		note("table.include.list is empty: outbox-cdc reads the messages beside an outbox table and its publication, which may stay empty: " +
-			"postgres.table is public.outbox (create it with outbox-cdc init --create-table, or name another)")
+		pg["table"] = "" // a source of WAL messages only
+		note("table.include.list is empty: a source of WAL messages only (postgres.table empty); the connector's publication must carry no table, " +
+			"or list the tables it carries under postgres.ignore_tables")
 	case len(list) == 0:
 		note("table.include.list is empty: the connector captures every table of its publication, and outbox-cdc streams named outbox tables only; name them in table.include.list (schema.table) and convert again")
 		c.Blocking = true

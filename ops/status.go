@@ -30,6 +30,9 @@ type Status struct {
 	// Tables are the further outbox tables of the source (the tables list), which share its slot
 	// and publication.
 	Tables []replication.OutboxState `json:"tables,omitempty"`
+	// MessagePrefixes are the prefixes of the WAL messages the source reads (postgres.message_prefixes);
+	// a source of messages only has no Outbox table (its Table is empty).
+	MessagePrefixes []string `json:"message_prefixes,omitempty"`
 	// Checkpoint is the exactly-once mode's last checkpoint; nil in at-least-once mode.
 	Checkpoint *CheckpointReport `json:"checkpoint,omitempty"`
 	// Failover says whether the slot survives a failover: the primary's settings and each standby
@@ -111,6 +114,11 @@ func GatherStatus(ctx context.Context, cfg config.Config) Status {
 		Publication: replication.PublicationState{Name: cfg.Postgres.Publication},
 		Outbox:      replication.OutboxState{Table: outbox.String()},
 		Kafka:       KafkaReport{Brokers: cfg.Kafka.Brokers},
+
+		MessagePrefixes: cfg.Postgres.MessagePrefixes,
+	}
+	if !outbox.HasTable() {
+		st.Outbox.Table = ""
 	}
 	if err := gatherPostgres(ctx, cfg, outbox, &st); err != nil {
 		st.Postgres.Error = err.Error()
@@ -170,7 +178,9 @@ func gatherPostgres(ctx context.Context, cfg config.Config, outbox replication.O
 	if st.Publication, err = cat.Publication(ctx, cfg.Postgres.Publication); err != nil {
 		return err
 	}
-	if st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt); err != nil {
+	if !outbox.HasTable() {
+		st.Outbox = replication.OutboxState{} // WAL messages only: no table
+	} else if st.Outbox, err = cat.OutboxState(ctx, outbox, cfg.Postgres.Columns.CreatedAt); err != nil {
 		return err
 	}
 	st.Tables = nil
@@ -356,7 +366,13 @@ func (st Status) Print(w io.Writer) {
 	section("publication", p.Name, p.Exists, func() {
 		fmt.Fprintf(tw, "  publishes inserts\t%t\n  tables\t%s\n", p.PublishInsert, strings.Join(p.Tables, ", "))
 	})
+	if len(st.MessagePrefixes) > 0 {
+		fmt.Fprintf(tw, "messages\t%s\n  prefixes\t%s\n", "pg_logical_emit_message", strings.Join(st.MessagePrefixes, ", "))
+	}
 	for _, o := range append([]replication.OutboxState{st.Outbox}, st.Tables...) {
+		if o.Table == "" {
+			continue // WAL messages only
+		}
 		section("outbox", o.Table, o.Exists, func() {
 			rows := fmt.Sprintf("%d", o.RowEstimate)
 			if o.RowsAtLeast {

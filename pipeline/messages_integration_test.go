@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -288,5 +289,48 @@ func TestEmitHelpersWriteOutboxMessages(t *testing.T) {
 		case string(r.Key) != w.key || !testenv.SameJSON(r.Value, []byte(w.payload)) || testenv.Header(r, "k") != w.header:
 			t.Errorf("event %s: key %q, value %s, header k %q; want %q, %s, %q", w.id, r.Key, r.Value, testenv.Header(r, "k"), w.key, w.payload, w.header)
 		}
+	}
+}
+
+// TestMessagesOnlySource: a source with postgres.message_prefixes and no postgres.table reads WAL
+// messages alone: run creates an empty publication for the stream to name and delivers the messages
+// in commit order; resync is refused, as there is nothing to snapshot.
+func TestMessagesOnlySource(t *testing.T) {
+	f := testenv.NewFixture(t)
+	cfg := testConfig(f)
+	cfg.Postgres.Table = ""
+	cfg.Postgres.Publication = f.Publication + "_m"
+	cfg.Postgres.MessagePrefixes = []string{messagePrefix}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() { _, _ = f.DB.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+cfg.Postgres.Publication) })
+	startPipeline(t, cfg)
+	var tables int
+	if err := f.DB.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1", cfg.Postgres.Publication).Scan(&tables); err != nil {
+		t.Fatalf("the publication was not created: %v", err)
+	}
+	if tables != 0 {
+		t.Errorf("the publication carries %d tables, want none", tables)
+	}
+	gen := testenv.NewGenerator(5, "Placed")
+	var want []testenv.Event
+	for i := 0; i < 50; i++ {
+		e := gen.Event(i)
+		if err := emitTx(ctx, f.DB, e); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, e)
+	}
+	got := testenv.ConsumeDistinct(t, f.Brokers, testenv.TopicsOf(f, "Placed"), len(want), time.Minute, testenv.ConsumerOpts()...)
+	testenv.VerifyDelivery(t, f, want, got)
+
+	p, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Resync(ctx, ResyncOptions{Yes: true, DryRun: true}); !errors.Is(err, ErrNothingToResync) {
+		t.Errorf("resync of a source of messages only: %v, want ErrNothingToResync", err)
 	}
 }

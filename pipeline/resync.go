@@ -14,6 +14,10 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
+// ErrNothingToResync is returned (wrapped) by Resync for a source of WAL messages only: a message is
+// in no table, so there is no snapshot to replay.
+var ErrNothingToResync = errors.New("nothing to resync")
+
 // ResyncOptions configure Resync.
 type ResyncOptions struct {
 	// Yes allows dropping an existing slot without asking.
@@ -55,6 +59,10 @@ func (p *Pipeline) Resync(ctx context.Context, o ResyncOptions) (ResyncResult, e
 		o.Out = io.Discard
 	}
 	res := ResyncResult{PerTopic: map[string]int64{}}
+	if !p.outbox().HasTable() {
+		return res, fmt.Errorf("%w: this source reads WAL messages only (postgres.message_prefixes, no postgres.table): a message is in no table, so there is nothing to snapshot and replay; "+
+			"the slot keeps what was not delivered, and run delivers it", ErrNothingToResync)
+	}
 	if prefixes := p.cfg.Postgres.MessagePrefixes; len(prefixes) > 0 {
 		// Said before anything changes: the new slot starts from now, and a message is in no table.
 		fmt.Fprintf(o.Out, "note: events written as WAL messages (postgres.message_prefixes %s) are in no table: resync replays the tables' rows only, and messages the old slot had not delivered are not replayed\n", strings.Join(prefixes, ", "))

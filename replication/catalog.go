@@ -68,13 +68,18 @@ func (c *Catalog) Server() string {
 	return ""
 }
 
-// Outbox names the outbox table and the publication that carries it.
+// Outbox names the outbox table and the publication that carries it. A source of WAL messages only
+// (Options.MessagePrefixes) has no table: Table is empty, and only the publication is set up and
+// checked (HasTable).
 type Outbox struct {
 	// Schema and Table name the outbox table.
 	Schema, Table string
 	// Publication names the publication.
 	Publication string
 }
+
+// HasTable reports whether o names a table: false for a source of WAL messages only.
+func (o Outbox) HasTable() bool { return o.Table != "" }
 
 // qualified is the table's quoted, schema-qualified name.
 func (o Outbox) qualified() string { return pgx.Identifier{o.Schema, o.Table}.Sanitize() }
@@ -276,6 +281,9 @@ func (c *Catalog) Setup(ctx context.Context, o SetupOptions) (SetupResult, error
 
 // tables returns every outbox table, each with the publication: Outbox first, then Tables.
 func (o SetupOptions) tables() []Outbox {
+	if !o.Outbox.HasTable() {
+		return nil // WAL messages only: no table to set up
+	}
 	return withPublication(o.Outbox, o.Tables)
 }
 
@@ -644,7 +652,13 @@ func CreatePublicationSQL(o Outbox, serverVersion int, more ...Outbox) string {
 	}
 	names := make([]string, 0, 1+len(more))
 	for _, t := range withPublication(o, more) {
-		names = append(names, t.qualified())
+		if t.HasTable() {
+			names = append(names, t.qualified())
+		}
+	}
+	if len(names) == 0 {
+		// WAL messages only: the stream needs a publication to name, and it carries no table.
+		return fmt.Sprintf("CREATE PUBLICATION %s WITH (%s)", pgx.Identifier{o.Publication}.Sanitize(), with)
 	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{o.Publication}.Sanitize(), strings.Join(names, ", "), with)
 }
@@ -726,6 +740,9 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox, more ...Outbox) (V
 	// The position is read first, in its own statement: the catalog check's snapshot is then taken
 	// after it, so that every catalog change visible before the position was read is seen.
 	var lsnText string
+	if !o.HasTable() {
+		return c.verifyPublication(ctx, o)
+	}
 	tables := withPublication(o, more)
 	facts := make([]publishedFacts, len(tables))
 	batch := &pgx.Batch{}
@@ -766,6 +783,37 @@ func (c *Catalog) VerifyOutbox(ctx context.Context, o Outbox, more ...Outbox) (V
 			v.More = append(v.More, tv)
 		}
 	}
+	return v, nil
+}
+
+// verifyPublication is VerifyOutbox for a source of WAL messages only: the publication the stream
+// names still exists (the same one) and publishes inserts. Messages are not published per table:
+// what protects them is the prefix, the slot's database and the slot.
+func (c *Catalog) verifyPublication(ctx context.Context, o Outbox) (Verification, error) {
+	var v Verification
+	var lsnText string
+	var oid *uint32
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT pg_current_wal_lsn()::text`).QueryRow(func(row pgx.Row) error { return row.Scan(&lsnText) })
+	batch.Queue(`SELECT oid FROM pg_publication WHERE pubname = $1`, o.Publication).
+		QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(&oid); !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+	if err := c.conn.SendBatch(ctx, batch).Close(); err != nil {
+		return v, fmt.Errorf("verify the publication: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(lsnText)
+	if err != nil {
+		return v, fmt.Errorf("parse pg_current_wal_lsn %q: %w", lsnText, err)
+	}
+	v.LSN = LSN(lsn)
+	if oid == nil {
+		return v, fmt.Errorf("%w: publication %q no longer exists: the stream cannot go on without it; create it again with outbox-cdc init", ErrOutboxChanged, o.Publication)
+	}
+	v.PublicationOID = *oid
 	return v, nil
 }
 

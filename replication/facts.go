@@ -60,6 +60,11 @@ func (c *Catalog) Prerequisites(ctx context.Context, o Outbox, slot string) (Pre
 	}
 	f.MaxSlots, _ = strconv.Atoi(maxSlots)
 	f.MaxSenders, _ = strconv.Atoi(maxSenders)
+	if !o.HasTable() {
+		// WAL messages only: no table to find or read.
+		f.TableExists, f.CanSelect = true, true
+		return f, nil
+	}
 	var oid *uint32
 	if err := c.conn.QueryRow(ctx, `SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
 		o.Schema, o.Table).Scan(&oid); err != nil && !errors.Is(err, pgx.ErrNoRows) {
