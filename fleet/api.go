@@ -58,9 +58,11 @@ type SourceView struct {
 	Server   string `json:"server,omitempty"`
 	Table    string `json:"table"`
 	// Tables are the source's further outbox tables (its tables list), which share its slot.
-	Tables   []string `json:"tables,omitempty"`
-	Slot     string   `json:"slot"`
-	Delivery string   `json:"delivery"`
+	Tables []string `json:"tables,omitempty"`
+	// MessagePrefixes are the prefixes of the WAL messages the source reads (postgres.message_prefixes).
+	MessagePrefixes []string `json:"message_prefixes,omitempty"`
+	Slot            string   `json:"slot"`
+	Delivery        string   `json:"delivery"`
 	// LagBytes is the slot's lag behind the server's WAL; SecondsBehind the age of the oldest
 	// unacknowledged transaction; null when not known here.
 	LagBytes      *int64   `json:"lag_bytes"`
@@ -68,6 +70,9 @@ type SourceView struct {
 	// Produced and DeadLettered count this instance's records of the source since it started it.
 	Produced     int64 `json:"produced"`
 	DeadLettered int64 `json:"dead_lettered"`
+	// Rows and Messages count the outbox rows and WAL messages this instance decoded of the source.
+	Rows     int64 `json:"rows"`
+	Messages int64 `json:"messages"`
 	// LastError is the last failure of the source here, at LastErrorAt.
 	LastError   string     `json:"last_error,omitempty"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
@@ -102,6 +107,7 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 		for _, t := range cfg.Tables {
 			sv.Tables = append(sv.Tables, t.Name)
 		}
+		sv.MessagePrefixes = cfg.Postgres.MessagePrefixes
 		if pause.Paused {
 			sv.PausedBy = f.scrub(pause.By)
 			at := pause.At
@@ -134,6 +140,7 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 			sv.SecondsBehind = &behind
 		}
 		sv.Produced, sv.DeadLettered, sv.Server = h.Produced, h.DeadLettered, h.Server
+		sv.Rows, sv.Messages = h.Rows, h.Messages
 		if h.LastError != "" {
 			sv.LastError = f.scrub(h.LastError)
 			at := h.LastErrorAt.UTC()
