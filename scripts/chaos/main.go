@@ -64,10 +64,15 @@ func main() {
 	flag.StringVar(&o.binary, "binary", "bin/outbox-cdc", "the outbox-cdc binary")
 	flag.DurationVar(&o.recoverWait, "recover-timeout", 2*time.Minute, "longest wait for the router to catch up after a fault")
 	flag.StringVar(&o.delivery, "delivery", "at-least-once", "kafka.delivery of the router: at-least-once, or exactly-once (read back with read_committed; any duplicate fails the run)")
-	flag.BoolVar(&o.messages, "messages", true, "the second writer writes its events as WAL messages (pg_logical_emit_message, postgres.message_prefixes), the first as rows")
+	flag.BoolVar(&o.messages, "messages", true, "the second writer writes its events as WAL messages (pg_logical_emit_message, postgres.message_prefixes), the first as rows (not with -fleet: its sources share one database)")
 	fleet := flag.Int("fleet", 0, "instead of the other faults, this many sources shared by three instances (the consumer group), an instance killed and replaced at every fault")
 	flag.IntVar(&o.failover, "failover", 0, "instead of the other faults, this many primary failovers on a PostgreSQL 17 primary and standby of the run's own")
 	flag.Parse()
+	if *fleet > 0 {
+		// The fleet's sources share one database, and every slot of a database decodes every WAL
+		// message: one prefix read by several sources would deliver each message from all of them.
+		o.messages = false
+	}
 	if o.delivery != "at-least-once" && o.delivery != "exactly-once" {
 		fmt.Fprintln(os.Stderr, "chaos: -delivery must be at-least-once or exactly-once")
 		os.Exit(2)
