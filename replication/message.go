@@ -91,13 +91,13 @@ const (
 // payload, so that the dead-letter record carries it.
 func messageRow(content []byte, roles []ColumnRole, commit time.Time, at LSN) Row {
 	raw := bytes.Clone(content)
-	row := Row{LSN: at}
+	row := Row{LSN: at, message: true}
 	bad := func(format string, args ...any) Row {
 		cols := []Column{}
 		if payload := roleColumn(roles, "postgres.columns.payload"); payload != "" {
 			cols = append(cols, Column{Name: payload, Value: raw, TypeOID: pgtype.ByteaOID})
 		}
-		return Row{Columns: cols, LSN: at, problem: fmt.Sprintf(format, args...), problemClass: ProblemBadMessage}
+		return Row{Columns: cols, LSN: at, message: true, problem: fmt.Sprintf(format, args...), problemClass: ProblemBadMessage}
 	}
 	if !utf8.Valid(raw) {
 		return bad("message content is not UTF-8")

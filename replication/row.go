@@ -45,6 +45,8 @@ type Row struct {
 	problemClass string
 	// block is the memory the row's pieces were carved from (nil: memory of its own).
 	block *pin.Block
+	// message marks a row made from a logical decoding message's content (Message).
+	message bool
 }
 
 // Block returns the block of memory the row shares with the rows read before and after it (nil when
@@ -88,6 +90,12 @@ func (r *Row) Problem() string { return r.problem }
 // ProblemClass classes Problem for the dead-letter metrics: ProblemBadMessage for a logical decoding
 // message that cannot become a record, "" for a column that could not be decoded.
 func (r *Row) ProblemClass() string { return r.problemClass }
+
+// Message reports whether the row was made from a logical decoding message (Options.MessagePrefixes)
+// rather than an insert: its columns are the content's JSON fields, typed by their JSON kind (a
+// string as text, a number as numeric, a boolean as bool, an object or array as jsonb), which the
+// debezium format writes as Debezium's DecodeLogicalDecodingMessageContent types them.
+func (r *Row) Message() bool { return r.message }
 
 // Size is the number of value bytes of the row.
 func (r *Row) Size() int {

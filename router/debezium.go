@@ -1,7 +1,9 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -43,7 +45,15 @@ const (
 	oidDate        = 1082
 	oidTimestamp   = 1114
 	oidTimestamptz = 1184
+	oidNumeric     = 1700
+	oidJSONB       = 3802
 )
+
+// messageRow is a Row made from a logical decoding message's content (replication.Row.Message): its
+// column types are the JSON kinds of the content's fields.
+type messageRow interface {
+	Message() bool
+}
 
 // connectValue is a column's value as Debezium's PostgreSQL connector gives it to Kafka Connect: its
 // kind decides how a converter writes it.
@@ -53,6 +63,9 @@ type connectValue struct {
 	// boolean values are written bare in JSON, the others as JSON strings.
 	text    string
 	numeric bool
+	// expanded, when not nil, is the value as JsonConverter writes it (a Connect struct or array
+	// made from JSON); text is then its Java toString, which StringConverter writes.
+	expanded []byte
 }
 
 // debeziumValue reads a column of row as Debezium's connector represents it: booleans as true/false,
@@ -67,6 +80,9 @@ func debeziumValue(row Row, column string) connectValue {
 	var oid uint32
 	if tr, ok := row.(typedRow); ok {
 		oid, _ = tr.TypeOID(column)
+	}
+	if m, ok := row.(messageRow); ok && m.Message() && (oid == oidNumeric || oid == oidJSONB) {
+		return messageValue(v)
 	}
 	s := string(v)
 	switch oid {
@@ -100,9 +116,93 @@ func debeziumValue(row Row, column string) connectValue {
 	return connectValue{text: s}
 }
 
+// messageValue is a JSON number, object or array of a message's content as Debezium's
+// DecodeLogicalDecodingMessageContent gives it to Kafka Connect: JsonSchemaData's int32, int64 or
+// float64 for a number, a struct for an object (null members and empty arrays left out), an array
+// for an array. Where Debezium's inference fails (its connector task would stop: an array mixing
+// kinds, an integer beyond 64 bits), the value is written as the JSON it is.
+func messageValue(v []byte) connectValue {
+	dec := json.NewDecoder(bytes.NewReader(v))
+	dec.UseNumber()
+	node, err := decodeOrdered(dec)
+	if err != nil {
+		return connectValue{text: string(v)}
+	}
+	switch t := node.(type) {
+	case json.Number:
+		switch numberKind(t) {
+		case "int", "long":
+			return connectValue{text: t.String(), numeric: true}
+		case "double":
+			if f, err := strconv.ParseFloat(t.String(), 64); err == nil && !math.IsInf(f, 0) {
+				return connectValue{text: javaDouble(f, 64), numeric: true}
+			}
+		}
+		return connectValue{text: t.String(), numeric: true}
+	case bool:
+		return connectValue{text: strconv.FormatBool(t), numeric: true}
+	case string:
+		return connectValue{text: t}
+	case []member, []any:
+		var b bytes.Buffer
+		if writeExpanded(&b, node) {
+			var text strings.Builder
+			connectText(&text, node)
+			return connectValue{text: text.String(), expanded: b.Bytes()}
+		}
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, v); err != nil {
+		return connectValue{text: string(v)}
+	}
+	return connectValue{text: compact.String(), expanded: compact.Bytes()}
+}
+
+// connectText writes what Java's toString gives for the Connect value JsonSchemaData makes of a
+// JSON value (one writeExpanded accepts): Struct{name=value,...} for an object, [a, b] for an array,
+// strings as they are, numbers as Long or Double print them.
+func connectText(b *strings.Builder, v any) {
+	switch t := v.(type) {
+	case nil:
+		b.WriteString("null")
+	case bool:
+		b.WriteString(strconv.FormatBool(t))
+	case string:
+		b.WriteString(t)
+	case json.Number:
+		if numberKind(t) == "double" {
+			f, _ := strconv.ParseFloat(t.String(), 64)
+			b.WriteString(javaDouble(f, 64))
+		} else {
+			b.WriteString(t.String())
+		}
+	case []member:
+		b.WriteString("Struct{")
+		for i, m := range objectMembers(t) {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(m.name + "=")
+			connectText(b, m.value)
+		}
+		b.WriteByte('}')
+	case []any:
+		b.WriteByte('[')
+		for i, e := range t {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			connectText(b, e)
+		}
+		b.WriteByte(']')
+	}
+}
+
 // json appends v as JsonConverter writes it.
 func (v connectValue) json(b []byte) []byte {
 	switch {
+	case v.expanded != nil:
+		return append(b, v.expanded...)
 	case v.null:
 		return append(b, "null"...)
 	case v.numeric:
@@ -145,7 +245,7 @@ func buildDebeziumRecord(row Row, cols config.Columns, d *DebeziumFormat) (*kgo.
 	var payloadJSON []byte // the payload as JsonConverter writes it
 	if d.JSON {
 		payloadJSON = payload.json(nil)
-		if d.ExpandJSONPayload && !payload.null {
+		if d.ExpandJSONPayload && !payload.null && payload.expanded == nil {
 			if expanded, ok := expandJSON(payload.text); ok {
 				payloadJSON = expanded
 			}
