@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -317,15 +318,13 @@ func (c *Coordinator) record(ev Events, r *kgo.Record) {
 // (deleted by retention, the log start at or past its end) counts as read: nothing of it remains.
 func (c *Coordinator) catchUp(ctx context.Context, cl *kgo.Client, ev Events) error {
 	adm := kadm.NewClient(cl)
-	need := map[int32]int64{} // partition -> end offset still to reach
+	var need map[int32]int64 // partition -> end offset still to reach
 	for bo := retryBackoff(); ; {
-		ends, starts, err := c.offsets(ctx, adm)
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		var err error
+		need, err = router.ToRead(actx, adm, c.Topic)
+		cancel()
 		if err == nil {
-			ends.Each(func(o kadm.ListedOffset) {
-				if s, ok := starts.Lookup(o.Topic, o.Partition); o.Offset > 0 && (!ok || s.Offset < o.Offset) {
-					need[o.Partition] = o.Offset
-				}
-			})
 			break
 		}
 		wait := bo.NextBackOff()
@@ -336,59 +335,20 @@ func (c *Coordinator) catchUp(ctx context.Context, cl *kgo.Client, ev Events) er
 		case <-time.After(wait):
 		}
 	}
-	began, warned := time.Now(), false
-	for len(need) > 0 {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		fetches := cl.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		got := 0
-		fetches.EachRecord(func(r *kgo.Record) {
-			got++
-			if end, ok := need[r.Partition]; ok && r.Offset+1 >= end {
-				delete(need, r.Partition)
-			}
-			c.record(ev, r)
-		})
-		if got > 0 {
-			continue
-		}
-		// Nothing came: the records still needed may be gone (a retention, DeleteRecords).
-		actx, acancel := context.WithTimeout(ctx, 15*time.Second)
-		starts, err := adm.ListStartOffsets(actx, c.Topic)
-		acancel()
-		if err == nil {
-			for p, end := range need {
-				if s, ok := starts.Lookup(c.Topic, p); ok && s.Err == nil && s.Offset >= end {
-					delete(need, p)
-					c.Log.Warn("fleet: records of the coordination topic were deleted before this instance read them (cleanup.policy must be compact alone); pause states written there are lost",
-						"topic", c.Topic, "partition", p, "log_start", s.Offset)
-				}
-			}
-		}
-		if !warned && time.Since(began) > 30*time.Second && len(need) > 0 {
-			warned = true
-			c.Log.Warn("fleet: still reading the pause states of the coordination topic; no source starts until they are read", "topic", c.Topic, "partitions_left", len(need))
-		}
+	slow := time.AfterFunc(30*time.Second, func() {
+		c.Log.Warn("fleet: still reading the pause states of the coordination topic; no source starts until they are read", "topic", c.Topic)
+	})
+	defer slow.Stop()
+	err := router.ReadToEnd(ctx, cl, c.Topic, need, func(r *kgo.Record) { c.record(ev, r) }, router.ReadOptions{
+		Gone: func(p int32, logStart int64) {
+			c.Log.Warn("fleet: records of the coordination topic were deleted before this instance read them (cleanup.policy must be compact alone); pause states written there are lost",
+				"topic", c.Topic, "partition", p, "log_start", logStart)
+		},
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return nil
-}
-
-// offsets lists the state topic's end and start offsets.
-func (c *Coordinator) offsets(ctx context.Context, adm *kadm.Client) (ends, starts kadm.ListedOffsets, err error) {
-	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if ends, err = adm.ListEndOffsets(actx, c.Topic); err == nil {
-		err = ends.Error()
-	}
-	if err == nil {
-		if starts, err = adm.ListStartOffsets(actx, c.Topic); err == nil {
-			err = starts.Error()
-		}
-	}
-	return ends, starts, err
+	return err
 }
 
 // readControl applies the state topic's records until ctx ends.

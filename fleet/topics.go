@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -19,9 +20,6 @@ import (
 // source in the group (no records). They are checked at start and while running: a state topic that
 // deletes what it holds is refused, one that was deleted or re-created is noticed and given back
 // the states this instance knows, and a unit topic that vanished is made again.
-
-// compact is the state topic's cleanup policy: the latest record of every key is kept for ever.
-const compact = "compact"
 
 // ensureTopics creates the state topic and the unit topics that are missing, and checks an
 // existing state topic's cleanup policy (errStateTopic).
@@ -48,24 +46,20 @@ func (c *Coordinator) ensureTopics(ctx context.Context, units []string) error {
 // ensureStateTopic creates the state topic (one partition, compacted) or checks the one there, and
 // returns its id; created says whether it was made now. The first id it sees is the one Run knows.
 func (c *Coordinator) ensureStateTopic(ctx context.Context, adm *kadm.Client) (id kadm.TopicID, created bool, err error) {
-	res, err := adm.CreateTopic(ctx, 1, c.ReplicationFactor, map[string]*string{"cleanup.policy": kadm.StringPtr(compact)}, c.Topic)
-	if err == nil {
-		err = res.Err
-	}
+	t, err := router.EnsureCompactedTopic(ctx, adm, c.Topic, c.ReplicationFactor)
 	switch {
-	case err == nil:
+	case err != nil:
+		return id, false, fmt.Errorf("fleet coordination: %w", err)
+	case t.Missing:
+		return id, false, fmt.Errorf("fleet coordination: topic %s does not exist and could not be created: %w", c.Topic, t.Denied)
+	case t.Created:
 		c.Log.Info("fleet: created the coordination topic", "topic", c.Topic)
-		id, created = res.ID, true
-	case errors.Is(err, kerr.TopicAlreadyExists): // another instance created it, or an earlier run
-		if err := c.checkStatePolicy(ctx, adm); err != nil {
+	default: // another instance created it, or an earlier run
+		if err := c.refuseDeleting(t.Policy); err != nil {
 			return id, false, err
 		}
-		if id, err = c.stateTopicID(ctx, adm); err != nil {
-			return id, false, err
-		}
-	default:
-		return id, false, fmt.Errorf("fleet coordination: create topic %s: %w", c.Topic, err)
 	}
+	id, created = t.ID, t.Created
 	c.mu.Lock()
 	if c.stateID == (kadm.TopicID{}) {
 		c.stateID = id
@@ -74,27 +68,19 @@ func (c *Coordinator) ensureStateTopic(ctx context.Context, adm *kadm.Client) (i
 	return id, created, nil
 }
 
-// checkStatePolicy refuses a state topic whose cleanup policy deletes records: a pause written there
-// would be forgotten after its retention, and a source paused for longer would start again.
+// checkStatePolicy refuses a state topic whose cleanup policy deletes records (refuseDeleting).
 func (c *Coordinator) checkStatePolicy(ctx context.Context, adm *kadm.Client) error {
-	configs, err := adm.DescribeTopicConfigs(ctx, c.Topic)
+	policy, _, err := router.TopicPolicy(ctx, adm, c.Topic)
 	if err != nil {
-		return fmt.Errorf("fleet coordination: describe the configuration of %s: %w", c.Topic, err)
+		return fmt.Errorf("fleet coordination: %w", err)
 	}
-	rc, err := configs.On(c.Topic, nil)
-	if err == nil {
-		err = rc.Err
-	}
-	if err != nil {
-		return fmt.Errorf("fleet coordination: describe the configuration of %s: %w", c.Topic, err)
-	}
-	policy := ""
-	for _, cfg := range rc.Configs {
-		if cfg.Key == "cleanup.policy" && cfg.Value != nil {
-			policy = *cfg.Value
-		}
-	}
-	if policy != compact {
+	return c.refuseDeleting(policy)
+}
+
+// refuseDeleting refuses a state topic's cleanup policy other than compact alone: a pause written
+// there would be forgotten after its retention, and a source paused for longer would start again.
+func (c *Coordinator) refuseDeleting(policy string) error {
+	if policy != router.CleanupCompact {
 		return fmt.Errorf("%w: topic %s has cleanup.policy=%s, which deletes its records after retention.ms: the pause states it keeps would be forgotten, and a source paused for longer would start again. "+
 			"Set it to compact alone: kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact (or delete the topic while no instance runs, and let the first one create it)",
 			errStateTopic, c.Topic, orNone(policy), c.Topic)
@@ -132,7 +118,7 @@ func (c *Coordinator) ensureUnits(ctx context.Context, adm *kadm.Client, units [
 	if len(units) == 0 {
 		return nil, nil
 	}
-	res, err := adm.CreateTopics(ctx, 1, c.ReplicationFactor, map[string]*string{"cleanup.policy": kadm.StringPtr(compact)}, units...)
+	res, err := adm.CreateTopics(ctx, 1, c.ReplicationFactor, map[string]*string{"cleanup.policy": kadm.StringPtr(router.CleanupCompact)}, units...)
 	if err != nil {
 		return nil, fmt.Errorf("fleet coordination: create the unit topics: %w", err)
 	}
@@ -155,8 +141,8 @@ func (c *Coordinator) ensureUnits(ctx context.Context, adm *kadm.Client, units [
 // into the state topic just created: the latest of each source, by time. A failure is logged: the
 // operator can pause again, and says so.
 func (c *Coordinator) carryOver(ctx context.Context, cl *kgo.Client, adm *kadm.Client) {
-	ends, err := adm.ListEndOffsets(ctx, c.LegacyTopic)
-	if err != nil || ends.Error() != nil {
+	need, err := router.ToRead(ctx, adm, c.LegacyTopic)
+	if err != nil || len(need) == 0 {
 		return // no such topic (or unreadable): nothing to carry
 	}
 	rd, err := kgo.NewClient(append(slices.Clone(c.ClientOpts), kgo.ConsumeTopics(c.LegacyTopic))...)
@@ -165,31 +151,15 @@ func (c *Coordinator) carryOver(ctx context.Context, cl *kgo.Client, adm *kadm.C
 	}
 	defer rd.Close()
 	latest := map[string]Pause{}
-	need := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			need[o.Partition] = o.Offset
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// What could not be read in time is left: the operator can pause again, and is told so below.
+	_ = router.ReadToEnd(rctx, rd, c.LegacyTopic, need, func(r *kgo.Record) {
+		var p Pause
+		if json.Unmarshal(r.Value, &p) == nil && len(r.Key) > 0 && !p.At.Before(latest[string(r.Key)].At) {
+			latest[string(r.Key)] = p
 		}
-	})
-	for len(need) > 0 && ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		fetches := rd.PollFetches(pctx)
-		cancel()
-		n := 0
-		fetches.EachRecord(func(r *kgo.Record) {
-			n++
-			if end, ok := need[r.Partition]; ok && r.Offset+1 >= end {
-				delete(need, r.Partition)
-			}
-			var p Pause
-			if json.Unmarshal(r.Value, &p) == nil && len(r.Key) > 0 && !p.At.Before(latest[string(r.Key)].At) {
-				latest[string(r.Key)] = p
-			}
-		})
-		if n == 0 {
-			break // what is left is gone or out of reach: carry what was read
-		}
-	}
+	}, router.ReadOptions{})
 	var carried []string
 	for name, p := range latest {
 		if err := c.write(ctx, cl, name, p); err != nil {

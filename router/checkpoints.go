@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 
 	"github.com/outbox-cdc/outbox-cdc/checkpoint"
 	"github.com/outbox-cdc/outbox-cdc/config"
@@ -74,71 +72,45 @@ func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot chec
 		return nil, fmt.Errorf("create checkpoint reader: %w", err)
 	}
 	defer consumer.Close()
-	admin := kadm.NewClient(consumer)
-	ends, err := admin.ListEndOffsets(ctx, topic)
+	need, err := ToRead(ctx, kadm.NewClient(consumer), topic)
 	if err != nil {
-		return nil, fmt.Errorf("list the end offsets of checkpoint topic %s: %w", topic, err)
+		return nil, fmt.Errorf("checkpoint topic: %w", err)
 	}
-	starts, err := admin.ListStartOffsets(ctx, topic)
-	if err != nil {
-		return nil, fmt.Errorf("list the start offsets of checkpoint topic %s: %w", topic, err)
-	}
-	want := make(map[int32]int64) // partition -> last offset to read
-	from := make(map[int32]kgo.Offset)
-	var lerr error
-	ends.Each(func(o kadm.ListedOffset) {
-		switch {
-		case errors.Is(o.Err, kerr.UnknownTopicOrPartition):
-		case o.Err != nil:
-			lerr = errors.Join(lerr, fmt.Errorf("checkpoint topic %s partition %d: %w", topic, o.Partition, o.Err))
-		default:
-			if s, ok := starts.Lookup(topic, o.Partition); !ok || o.Offset > s.Offset {
-				want[o.Partition] = o.Offset - 1
-				from[o.Partition] = kgo.NewOffset().AtStart()
-			}
-		}
-	})
-	if lerr != nil {
-		return nil, lerr
-	}
-	if len(want) == 0 {
+	if len(need) == 0 {
 		return nil, nil
+	}
+	from := make(map[int32]kgo.Offset, len(need))
+	for p := range need {
+		from[p] = kgo.NewOffset().AtStart()
 	}
 	consumer.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})
 	key := slot.String()
 	newest := map[int32]*checkpoint.Record{} // per partition, the last record for the slot
-	for len(want) > 0 {
-		fetches := consumer.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read checkpoint topic %s to its end: %w", topic, err)
+	err = ReadToEnd(ctx, consumer, topic, need, func(rec *kgo.Record) {
+		if rec.Attrs.IsControl() || string(rec.Key) != key {
+			return
 		}
-		var ferr error
-		fetches.EachError(func(_ string, p int32, err error) {
-			ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
-		})
-		if ferr != nil {
-			return nil, fmt.Errorf("read checkpoint topic %s: %w", topic, ferr)
+		if !rec.Attrs.IsTransactional() {
+			// Routers write checkpoints only in committed Kafka transactions: anything else keyed
+			// like the slot was put there by something else.
+			log.Warn("ignoring a record keyed like this slot's checkpoint that no Kafka transaction wrote", "topic", topic, "partition", rec.Partition, "offset", rec.Offset)
+			return
 		}
-		fetches.EachRecord(func(rec *kgo.Record) {
-			if end, ok := want[rec.Partition]; ok && rec.Offset >= end {
-				delete(want, rec.Partition)
-			}
-			if rec.Attrs.IsControl() || string(rec.Key) != key {
-				return
-			}
-			if !rec.Attrs.IsTransactional() {
-				// Routers write checkpoints only in committed Kafka transactions: anything else keyed
-				// like the slot was put there by something else.
-				log.Warn("ignoring a record keyed like this slot's checkpoint that no Kafka transaction wrote", "topic", topic, "partition", rec.Partition, "offset", rec.Offset)
-				return
-			}
-			cp, err := checkpoint.ParseRecord(rec.Key, rec.Value)
-			if err != nil {
-				log.Warn("ignoring a malformed checkpoint record", "topic", topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
-				return
-			}
-			newest[rec.Partition] = &cp
-		})
+		cp, err := checkpoint.ParseRecord(rec.Key, rec.Value)
+		if err != nil {
+			log.Warn("ignoring a malformed checkpoint record", "topic", topic, "partition", rec.Partition, "offset", rec.Offset, "error", err.Error())
+			return
+		}
+		newest[rec.Partition] = &cp
+	}, ReadOptions{
+		FetchError: func(p int32, err error) error { return fmt.Errorf("partition %d: %w", p, err) },
+		Gone: func(p int32, logStart int64) {
+			log.Warn("records of the checkpoint topic were deleted while this router read them (cleanup.policy must be compact alone, or retention.ms=-1)",
+				"topic", topic, "partition", p, "log_start", logStart)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint topic: %w", err)
 	}
 	// One partition holds a slot's records unless partitions were added to the topic: then the key's
 	// records moved to another one, and the newest is the one written last.
@@ -159,57 +131,38 @@ func ReadCheckpoint(ctx context.Context, k config.Kafka, topic string, slot chec
 // and warns when an existing one is not compacted: its size would then grow without bound.
 func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 	topic := r.opts.Transactions.Topic
-	compact := "compact"
-	var denied error
-	_, err := r.admin.CreateTopic(ctx, 1, r.opts.Kafka.TopicReplicationFactor, map[string]*string{"cleanup.policy": &compact}, topic)
+	t, err := EnsureCompactedTopic(ctx, r.admin, topic, r.opts.Kafka.TopicReplicationFactor)
 	switch {
 	case err == nil:
-		r.log.Info("created checkpoint topic", "topic", topic, "cleanup_policy", compact)
-		return nil
-	case errors.Is(err, kerr.TopicAlreadyExists):
-	case deniedCreate(err):
-		// Kafka checks CREATE before existence: a checkpoint topic created beforehand is used.
-		denied = err
 	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.PolicyViolation), errors.Is(err, kerr.InvalidConfig):
-		return fmt.Errorf("%w: create checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, CreateTopicHint(err, r.opts.Kafka))
+		return fmt.Errorf("%w: checkpoint topic %s (kafka.checkpoint_topic): %w", ErrConfig, topic, CreateTopicHint(err, r.opts.Kafka))
 	default:
-		return fmt.Errorf("create checkpoint topic %s (kafka.checkpoint_topic): %w", topic, CreateTopicHint(err, r.opts.Kafka))
+		return fmt.Errorf("checkpoint topic %s (kafka.checkpoint_topic): %w", topic, CreateTopicHint(err, r.opts.Kafka))
 	}
-	details, err := r.admin.ListTopics(ctx, topic)
-	if err != nil {
-		return fmt.Errorf("look up checkpoint topic %s: %w", topic, err)
-	}
-	if d, ok := details[topic]; denied != nil && (!ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition)) {
+	switch {
+	case t.Created:
+		r.log.Info("created checkpoint topic", "topic", topic, "cleanup_policy", CleanupCompact)
+		return nil
+	case t.Missing && t.Denied != nil:
+		// Kafka checks CREATE before existence: a checkpoint topic created beforehand is used.
 		return fmt.Errorf("%w: checkpoint topic %s (kafka.checkpoint_topic) does not exist and Kafka refuses this principal the right to create it: create it (one partition, cleanup.policy=compact), or grant CREATE: %w",
-			ErrConfig, topic, denied)
+			ErrConfig, topic, t.Denied)
+	case t.Missing:
+		return fmt.Errorf("checkpoint topic %s (kafka.checkpoint_topic) was reported to exist and then not found: deleted meanwhile?", topic)
 	}
-	if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 1 {
+	if t.Partitions > 1 {
 		r.log.Warn("the checkpoint topic has more than one partition: a slot's checkpoints move to another partition when partitions are added, and the router then takes the one written last (create it with one partition)",
-			"topic", topic, "partitions", len(d.Partitions))
+			"topic", topic, "partitions", t.Partitions)
 	}
-	configs, err := r.admin.DescribeTopicConfigs(ctx, topic)
-	if err != nil {
-		return fmt.Errorf("read the configuration of checkpoint topic %s: %w", topic, err)
+	policy, retention := t.Policy, t.Retention
+	if policy == "" {
+		policy = "delete" // Kafka's default
 	}
-	rc, err := configs.On(topic, nil)
-	if err != nil || rc.Err != nil {
-		return fmt.Errorf("read the configuration of checkpoint topic %s: %w", topic, errors.Join(err, rc.Err))
-	}
-	policy, retention := "delete", "" // Kafka's defaults
-	for _, c := range rc.Configs {
-		switch {
-		case c.Key == "cleanup.policy" && c.Value != nil:
-			policy = *c.Value
-		case c.Key == "retention.ms" && c.Value != nil:
-			retention = *c.Value
-		}
-	}
-	policies := strings.Split(strings.ReplaceAll(policy, " ", ""), ",")
-	if !slices.Contains(policies, compact) {
+	if !t.Compacted() {
 		r.log.Warn("the checkpoint topic is not compacted: it grows by one record per Kafka transaction (set cleanup.policy=compact)",
 			"topic", topic, "cleanup_policy", policy)
 	}
-	if slices.Contains(policies, "delete") && retention != "-1" {
+	if t.Deletes() {
 		r.log.Warn("the checkpoint topic deletes records after retention.ms: a slot idle that long loses its checkpoint, and the router then refuses to start until resync (set cleanup.policy=compact alone, or retention.ms=-1)",
 			"topic", topic, "cleanup_policy", policy, "retention_ms", retention)
 	}
