@@ -95,7 +95,11 @@ func testPromotionUnderLoad(t *testing.T, synchronizedStandbySlots bool) {
 	real, phantoms := testenv.SplitPhantoms(want, got)
 	t.Logf("synchronized_standby_slots set: %t; phantom events (in Kafka, not on the promoted server): %d", synchronizedStandbySlots, len(phantoms))
 	if synchronizedStandbySlots && len(phantoms) > 0 {
-		t.Errorf("%d phantom events with synchronized_standby_slots set", len(phantoms))
+		// Not yet understood (once in many runs, in the exactly-once pass): what each server said
+		// about the end of the old timeline, for the next one who reads this.
+		tail := func(s string) string { return s[max(0, len(s)-4000):] }
+		t.Errorf("%d phantom events with synchronized_standby_slots set: %v\npromoted server's log (end):\n%s\nold primary's log (end):\n%s",
+			len(phantoms), phantoms, tail(standby.Log()), tail(primary.Log()))
 	}
 	rep := checkPromoted(t, prefix, want, real, len(got))
 	// The router survived the failover: it knew which transactions Kafka had acknowledged, and the
