@@ -55,7 +55,7 @@ func (b *bench) decodeFloor(ctx context.Context, t *target, rate int) (*latency,
 		readErr = readFloor(rctx, conn, times, out)
 	}()
 	l := &latency{rate: rate}
-	l.sent, l.achieved, err = b.writeLoad(ctx, t.table, rate, b.c.steadyRows, b.c.steadyFor, times)
+	l.sent, l.achieved, err = b.writeLoad(ctx, t, rate, b.c.steadyRows, b.c.steadyFor, times)
 	if err == nil {
 		l.behind = !waitSeen(out, l.sent, 15*time.Second)
 	}

@@ -38,6 +38,7 @@ type config struct {
 	sweepEvents             int
 	steadyFor               time.Duration
 	compare                 bool
+	messages                bool // also outbox-cdc reading the same events as WAL messages (systemMessages)
 	charts                  string // directory for the SVG charts; empty: none
 	altEnv                  string // not empty: also outbox-cdc (at-least-once) with these settings (KEY=VALUE,...)
 	altBinary               string // not empty: that outbox-cdc runs this binary (e.g. one built from an older commit)
@@ -71,6 +72,7 @@ func main() {
 	flag.IntVar(&sc.minutes, "scale-minutes", 10, "with -scale: the long steady load's length in minutes, p99 per minute (0 skips it)")
 	flag.DurationVar(&sc.dur, "scale-period", time.Minute, "with -scale: one reported period of the steady load")
 	flag.BoolVar(&sc.resync, "scale-resync", true, "with -scale: then time resync --snapshot-only of the whole table")
+	flag.BoolVar(&c.messages, "messages", false, "also run outbox-cdc (at-least-once) on the same events written as transactional WAL messages (pg_logical_emit_message, postgres.message_prefixes) instead of rows, side by side")
 	flag.BoolVar(&c.compare, "compare", false, "also run the same workloads through Debezium 3.6.1 on Kafka Connect, with defaults and tuned (make bench-compare)")
 	flag.StringVar(&c.charts, "charts", "", "write SVG charts of the curve and the sweeps to this directory")
 	flag.StringVar(&c.binary, "binary", "bin/outbox-cdc", "router binary")
@@ -203,6 +205,10 @@ func devEnv() map[string]string {
 	return out
 }
 
+// systemMessages is outbox-cdc (at-least-once) reading the events as WAL messages of its target's
+// prefix (messagePrefix) instead of rows.
+const systemMessages = "outbox-cdc messages"
+
 // systemEOS is outbox-cdc in exactly-once mode (kafka.delivery=exactly-once; read back read_committed).
 const systemEOS = "outbox-cdc exactly-once"
 
@@ -212,6 +218,9 @@ func (c config) systems() []string {
 	s := []string{"outbox-cdc", systemEOS}
 	if c.hasAlt() {
 		s = append(s, c.altSystem())
+	}
+	if c.messages {
+		s = append(s, systemMessages)
 	}
 	if c.compare {
 		s = append(s, systemDebezium, systemDebeziumTuned)

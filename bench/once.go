@@ -28,6 +28,7 @@ import (
 type target struct {
 	system                  string // outbox-cdc or debezium
 	eos                     bool   // outbox-cdc in exactly-once mode (systemEOS, or -with-env OUTBOX_CDC_DELIVERY=exactly-once)
+	messages                bool   // events are written as WAL messages of messagePrefix, not rows (systemMessages)
 	table, pub, slot, topic string
 	lastTxLSN               pglogrepl.LSN // WAL position right after its backlog's last transaction
 	metricsAddr             string        // where the running outbox-cdc serves /metrics (startRouter)
@@ -183,7 +184,8 @@ func once(c config, n int) (res result, err error) {
 
 // newTarget names a system's table, publication, slot and topic in this run.
 func (b *bench) newTarget(sys string) *target {
-	t := &target{system: sys, eos: sys == systemEOS || (sys == b.c.altSystem() && slices.Contains(strings.Split(b.c.altEnv, ","), "OUTBOX_CDC_DELIVERY=exactly-once"))}
+	t := &target{system: sys, eos: sys == systemEOS || (sys == b.c.altSystem() && slices.Contains(strings.Split(b.c.altEnv, ","), "OUTBOX_CDC_DELIVERY=exactly-once")),
+		messages: sys == systemMessages}
 	b.targets++
 	suffix := fmt.Sprintf("s%d", b.targets) // system names may hold characters no identifier takes
 	t.table, t.pub, t.slot = "public."+b.id+"_"+suffix, "pub_"+b.id+"_"+suffix, "slot_"+b.id+"_"+suffix
@@ -324,11 +326,31 @@ func recordBytes(records [][]any) int64 {
 	return n
 }
 
-// writeBacklog copies rows into the target's table in transactions of txRows while no system runs.
+// messagePrefix is the prefix of a target's WAL messages: its table's name.
+func (t *target) messagePrefix() string { return t.table }
+
+// emitMessages is one statement emitting a transactional WAL message per element of the arrays (ids,
+// aggregate ids, versions, payloads), with the prefix $5; the content holds the outbox's fields.
+const emitMessages = `SELECT count(pg_logical_emit_message(true, $5, json_build_object('event_id', id, 'event_type', 'OrderPlaced',
+	'aggregate_type', 'order', 'aggregate_id', agg, 'aggregate_version', v, 'payload', p)::text))
+	FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::jsonb[]) AS r(id, agg, v, p)`
+
+// writeBacklog copies rows into the target's table in transactions of txRows while no system runs
+// (for a messages target, emits them as WAL messages, txRows per transaction).
 func (b *bench) writeBacklog(ctx context.Context, t *target, records [][]any, txRows int) error {
 	schema, name, _ := strings.Cut(t.table, ".")
 	for i := 0; i < len(records); i += txRows {
 		rows := records[i:min(i+txRows, len(records))]
+		if t.messages {
+			ids, aggs, vers, pays := make([]string, len(rows)), make([]string, len(rows)), make([]int64, len(rows)), make([]string, len(rows))
+			for j, r := range rows {
+				ids[j], aggs[j], vers[j], pays[j] = r[0].(string), r[3].(string), r[4].(int64), r[5].(string)
+			}
+			if _, err := b.db.Exec(ctx, emitMessages, ids, aggs, vers, pays, t.messagePrefix()); err != nil {
+				return fmt.Errorf("emit messages: %w", err)
+			}
+			continue
+		}
 		if _, err := b.db.CopyFrom(ctx, pgx.Identifier{schema, name}, columns, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("copy: %w", err)
 		}
@@ -371,6 +393,9 @@ func (b *bench) startRouter(t *target) (*exec.Cmd, error) {
 		"OUTBOX_CDC_TABLE="+t.table, "OUTBOX_CDC_SLOT="+t.slot, "OUTBOX_CDC_PUBLICATION="+t.pub,
 		"OUTBOX_CDC_TOPIC="+t.topic, "OUTBOX_CDC_LOG_LEVEL=warn", "OUTBOX_CDC_METRICS_ADDR="+t.metricsAddr,
 		"OUTBOX_CDC_STATUS_INTERVAL=1s")
+	if t.messages {
+		cmd.Env = append(cmd.Env, "OUTBOX_CDC_MESSAGE_PREFIXES="+t.messagePrefix())
+	}
 	if t.exactlyOnce() {
 		cmd.Env = append(cmd.Env, "OUTBOX_CDC_DELIVERY=exactly-once", "OUTBOX_CDC_CHECKPOINT_TOPIC="+t.topic+".checkpoints")
 	}

@@ -95,7 +95,7 @@ func writers(rate int) int { return 1 + rate/4000 }
 // writeLoad inserts rate events/s into table in transactions of k rows (one multi-row INSERT, then
 // COMMIT) for d, from writers(rate) connections; each transaction's ids and the moment its COMMIT
 // was sent go to times. It returns the number of events written and the achieved rate.
-func (b *bench) writeLoad(ctx context.Context, table string, rate, k int, d time.Duration, times *commitTimes) (int, float64, error) {
+func (b *bench) writeLoad(ctx context.Context, t *target, rate, k int, d time.Duration, times *commitTimes) (int, float64, error) {
 	w := writers(rate)
 	interval := time.Duration(float64(time.Second) * float64(k*w) / float64(rate))
 	var sent atomic.Int64
@@ -113,8 +113,13 @@ func (b *bench) writeLoad(ctx context.Context, table string, rate, k int, d time
 				return
 			}
 			defer conn.Close(ctx)
-			insert := "INSERT INTO " + table + ` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload)
+			insert := "INSERT INTO " + t.table + ` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload)
 				SELECT id, 'OrderPlaced', 'order', agg, v, p FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::jsonb[]) AS r(id, agg, v, p)`
+			args := func(ids, aggs []string, vers []int64, pays []string) []any { return []any{ids, aggs, vers, pays} }
+			if t.messages {
+				insert = emitMessages
+				args = func(ids, aggs []string, vers []int64, pays []string) []any { return []any{ids, aggs, vers, pays, t.messagePrefix()} }
+			}
 			// Start the writers a fraction of an interval apart.
 			next := start.Add(interval * time.Duration(i) / time.Duration(w))
 			ids, aggs, vers, pays := make([]string, k), make([]string, k), make([]int64, k), make([]string, k)
@@ -135,7 +140,7 @@ func (b *bench) writeLoad(ctx context.Context, table string, rate, k int, d time
 					errs[i] = err
 					return
 				}
-				if _, err := tx.Exec(ctx, insert, ids, aggs, vers, pays); err != nil {
+				if _, err := tx.Exec(ctx, insert, args(ids, aggs, vers, pays)...); err != nil {
 					_ = tx.Rollback(ctx)
 					errs[i] = err
 					return
@@ -254,7 +259,7 @@ func (b *bench) steady(ctx context.Context, pid int, t *target, rate int, m *mea
 	}()
 	l := &latency{rate: rate}
 	began := time.Now()
-	l.sent, l.achieved, err = b.writeLoad(ctx, t.table, rate, b.c.steadyRows, b.c.steadyFor, times)
+	l.sent, l.achieved, err = b.writeLoad(ctx, t, rate, b.c.steadyRows, b.c.steadyFor, times)
 	stopSampling()
 	<-sampled
 	if err != nil {

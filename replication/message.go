@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -47,7 +50,7 @@ func (s *Stream) handleMessage(ctx context.Context, h Handler, m *pglogrepl.Logi
 		if s.current != nil {
 			return fmt.Errorf("%w: a non-transactional message at %s inside a transaction", ErrUnreadable, at)
 		}
-		row := messageRow(m.Content, s.opts.Columns, xld.ServerTime, at)
+		row := s.messages.row(m.Content, s.opts.Columns, xld.ServerTime, at)
 		row.problem = fmt.Sprintf("message with prefix %q was emitted outside a transaction (pg_logical_emit_message(false, ...)): it is not atomic with any business change; emit it with transactional = true", m.Prefix)
 		row.problemClass = ProblemBadMessage
 		tx := s.tracker.BeginSent(xld.ServerTime, xld.ServerTime, at)
@@ -70,7 +73,7 @@ func (s *Stream) handleMessage(ctx context.Context, h Handler, m *pglogrepl.Logi
 	if s.current == nil {
 		return fmt.Errorf("%w: a transactional message at %s outside a transaction", ErrUnreadable, at)
 	}
-	row := messageRow(m.Content, s.opts.Columns, s.current.CommitTime(), at)
+	row := s.messages.row(m.Content, s.opts.Columns, s.current.CommitTime(), at)
 	s.counters.Messages.Add(1)
 	return s.deliver(ctx, h, &row)
 }
@@ -89,41 +92,89 @@ const (
 // others are not read). commit is the transaction's commit time: created_at when the content has
 // none. A content that cannot become a record gives a Row with a Problem and the raw content as its
 // payload, so that the dead-letter record carries it.
-func messageRow(content []byte, roles []ColumnRole, commit time.Time, at LSN) Row {
-	raw := bytes.Clone(content)
-	row := Row{LSN: at, message: true}
+func (s *messageReader) row(content []byte, roles []ColumnRole, commit time.Time, at LSN) Row {
+	row := Row{LSN: at, message: true, Columns: make([]Column, 0, len(roles))}
 	bad := func(format string, args ...any) Row {
 		cols := []Column{}
 		if payload := roleColumn(roles, "postgres.columns.payload"); payload != "" {
-			cols = append(cols, Column{Name: payload, Value: raw, TypeOID: pgtype.ByteaOID})
+			cols = append(cols, Column{Name: payload, Value: bytes.Clone(content), TypeOID: pgtype.ByteaOID})
 		}
 		return Row{Columns: cols, LSN: at, message: true, problem: fmt.Sprintf(format, args...), problemClass: ProblemBadMessage}
 	}
-	if !utf8.Valid(raw) {
+	if !utf8.Valid(content) {
 		return bad("message content is not UTF-8")
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var fields map[string]json.RawMessage
-	if err := dec.Decode(&fields); err != nil {
-		var probe any
-		if json.Unmarshal(raw, &probe) == nil {
-			return bad("message content is a JSON %s, not an object with the event's fields", jsonKind(bytes.TrimSpace(raw)))
+	// One pass over the content with a validating token reader: the members' raw values, by name
+	// (the last of a repeated name wins, as encoding/json and Jackson read it).
+	// (A bytes.Buffer is read in place, not copied.)
+	dec := s.json
+	if dec == nil {
+		dec = jsontext.NewDecoder(bytes.NewBuffer(content), jsontext.AllowDuplicateNames(true))
+		s.json = dec
+	} else {
+		dec.Reset(bytes.NewBuffer(content), jsontext.AllowDuplicateNames(true))
+	}
+	fields := make([]messageMember, 0, len(roles))
+	notObject := func() Row {
+		if kind := jsontext.Value(bytes.TrimSpace(content)).Kind(); jsontext.Value(content).IsValid() {
+			if kind == 'n' {
+				return bad("message content is JSON null, not an object with the event's fields")
+			}
+			return bad("message content is a JSON %s, not an object with the event's fields", jsonKind(bytes.TrimSpace(content)))
 		}
+		return bad("message content is not JSON")
+	}
+	tok, err := dec.ReadToken()
+	if err != nil {
 		return bad("message content is not JSON: %v", err)
 	}
-	if dec.More() {
-		return bad("message content holds more than one JSON value")
+	if tok.Kind() != '{' {
+		return notObject()
 	}
-	if fields == nil {
-		return bad("message content is JSON null, not an object with the event's fields")
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadValue()
+		if err != nil {
+			return bad("message content is not JSON: %v", err)
+		}
+		key := string(name[1 : len(name)-1])
+		if bytes.IndexByte(name, '\\') >= 0 {
+			unquoted, err := jsontext.AppendUnquote(nil, name)
+			if err != nil {
+				return bad("message content is not JSON: %v", err)
+			}
+			key = string(unquoted)
+		}
+		v, err := dec.ReadValue()
+		if err != nil {
+			return bad("message content is not JSON: %v", err)
+		}
+		if roleColumnNamed(roles, key) {
+			// Where the value lies in content, which outlives the decoder's reads.
+			end := int(dec.InputOffset())
+			m := messageMember{name: key, value: content[end-len(v) : end]}
+			if i := slices.IndexFunc(fields, func(m messageMember) bool { return m.name == key }); i >= 0 {
+				fields[i] = m
+			} else {
+				fields = append(fields, m)
+			}
+		}
+	}
+	if _, err := dec.ReadToken(); err != nil {
+		return bad("message content is not JSON: %v", err)
+	}
+	if _, err := dec.ReadToken(); err != io.EOF {
+		if jsontext.Value(content).IsValid() || err == nil {
+			return bad("message content holds more than one JSON value")
+		}
+		return bad("message content is not JSON: %v", err)
 	}
 	for _, role := range roles {
 		if role.Column == "" || slices.ContainsFunc(row.Columns, func(c Column) bool { return c.Name == role.Column }) {
 			continue
 		}
-		v, present := fields[role.Column]
-		if !present || string(bytes.TrimSpace(v)) == "null" {
+		i := slices.IndexFunc(fields, func(m messageMember) bool { return m.name == role.Column })
+		present := i >= 0
+		if !present || jsontext.Value(fields[i].value).Kind() == 'n' {
 			// Absent is not there at all; null is there, as SQL NULL is in a row (a null payload is a
 			// tombstone, as a NULL payload column is).
 			switch {
@@ -136,7 +187,7 @@ func messageRow(content []byte, roles []ColumnRole, commit time.Time, at LSN) Ro
 			}
 			continue
 		}
-		col, problem := messageField(role, bytes.TrimSpace(v))
+		col, problem := messageField(role, fields[i].value)
 		if problem != "" {
 			return bad("message field %q (%s): %s", role.Column, role.Key, problem)
 		}
@@ -145,7 +196,31 @@ func messageRow(content []byte, roles []ColumnRole, commit time.Time, at LSN) Ro
 	return row
 }
 
-// messageField converts one field of a message to a column: a string to its text, a number or a
+// messageReader turns messages' contents into Rows, reusing its JSON reader. The zero value is ready
+// for use; not safe for concurrent use.
+type messageReader struct {
+	json *jsontext.Decoder
+}
+
+// messageRow is a messageReader's row, for one content.
+func messageRow(content []byte, roles []ColumnRole, commit time.Time, at LSN) Row {
+	var r messageReader
+	return r.row(content, roles, commit, at)
+}
+
+// messageMember is a member of a message's content that a role reads: its name and raw JSON value
+// (valid, without surrounding space; a part of the content, not its own memory).
+type messageMember struct {
+	name  string
+	value []byte
+}
+
+// roleColumnNamed reports whether a role reads the column name.
+func roleColumnNamed(roles []ColumnRole, name string) bool {
+	return slices.ContainsFunc(roles, func(r ColumnRole) bool { return r.Column == name })
+}
+
+// messageField converts one field of a message (v: its raw JSON, which the column copies) to a column: a string to its text, a number or a
 // boolean to its text (as PostgreSQL writes them), and an object or array to its JSON where the role
 // takes JSON (payload, headers, trace context).
 func messageField(role ColumnRole, v json.RawMessage) (Column, string) {
@@ -154,14 +229,14 @@ func messageField(role ColumnRole, v json.RawMessage) (Column, string) {
 	takesJSON := role.Key == "postgres.columns.payload" || role.Key == "postgres.columns.headers" || role.Key == "postgres.columns.trace_context"
 	switch {
 	case kind == "string":
-		var s string
-		if err := json.Unmarshal(v, &s); err != nil {
+		s, err := jsontext.AppendUnquote(make([]byte, 0, len(v)-2), v)
+		if err != nil {
 			return col, fmt.Sprintf("a string that cannot be read: %v", err)
 		}
 		if role.Key == "postgres.columns.headers" {
 			return col, "a JSON object of header names to values expected, got a string"
 		}
-		col.Value, col.TypeOID = []byte(s), oidText
+		col.Value, col.TypeOID = s, oidText
 	case role.Key == "postgres.columns.headers" && kind != "object":
 		return col, fmt.Sprintf("a JSON object of header names to values expected, got %s", article(kind))
 	case takesJSON:

@@ -79,6 +79,8 @@ type Counters struct {
 
 // Stream is one replication session on the slot. It is not safe for concurrent use.
 type Stream struct {
+	// messages turns outbox messages into Rows (message.go).
+	messages messageReader
 	conn  *pgconn.PgConn
 	opts  Options
 	log   *slog.Logger
