@@ -38,7 +38,7 @@ type config struct {
 	sweepEvents             int
 	steadyFor               time.Duration
 	compare                 bool
-	messages                bool // also outbox-cdc reading the same events as WAL messages (systemMessages)
+	messages                bool   // also outbox-cdc reading the same events as WAL messages (systemMessages)
 	charts                  string // directory for the SVG charts; empty: none
 	altEnv                  string // not empty: also outbox-cdc (at-least-once) with these settings (KEY=VALUE,...)
 	altBinary               string // not empty: that outbox-cdc runs this binary (e.g. one built from an older commit)

@@ -118,7 +118,9 @@ func (b *bench) writeLoad(ctx context.Context, t *target, rate, k int, d time.Du
 			args := func(ids, aggs []string, vers []int64, pays []string) []any { return []any{ids, aggs, vers, pays} }
 			if t.messages {
 				insert = emitMessages
-				args = func(ids, aggs []string, vers []int64, pays []string) []any { return []any{ids, aggs, vers, pays, t.messagePrefix()} }
+				args = func(ids, aggs []string, vers []int64, pays []string) []any {
+					return []any{ids, aggs, vers, pays, t.messagePrefix()}
+				}
 			}
 			// Start the writers a fraction of an interval apart.
 			next := start.Add(interval * time.Duration(i) / time.Duration(w))

@@ -81,13 +81,13 @@ type Counters struct {
 type Stream struct {
 	// messages turns outbox messages into Rows (message.go).
 	messages messageReader
-	conn  *pgconn.PgConn
-	opts  Options
-	log   *slog.Logger
-	types *pgtype.Map
-	rels  map[uint32]*relation
-	used  map[string]bool   // the columns the router reads (Options.Columns)
-	bases map[uint32]uint32 // BaseType's answers
+	conn     *pgconn.PgConn
+	opts     Options
+	log      *slog.Logger
+	types    *pgtype.Map
+	rels     map[uint32]*relation
+	used     map[string]bool   // the columns the router reads (Options.Columns)
+	bases    map[uint32]uint32 // BaseType's answers
 	// gone holds the optional columns the stream reported missing (by table index and column), so
 	// that a Relation message sent again with the same columns (PostgreSQL resends it after any
 	// invalidation of the table's cache entry, an autoanalyze among them) does not repeat the warning.
