@@ -98,7 +98,7 @@ sources:
 			return false
 		}
 		for _, in := range []*fleetInstance{x, y} {
-			if g := sourceIn(apiView(t, in.addr), "gamma"); g.Here {
+			if g := sourceIn(apiView(t, in.addr), "gamma"); g.Assigned {
 				return g.State == "failed" && strings.Contains(g.Reason, "ADD TABLE")
 			}
 		}
@@ -115,7 +115,7 @@ sources:
 	written := testenv.Preload(t, fixture, gen, 100)
 
 	v := apiView(t, x.addr)
-	if s := sourceIn(v, target); s.Owner != yName || s.Here || s.State != "elsewhere" {
+	if s := sourceIn(v, target); s.Owner != yName || s.Assigned || s.State != "elsewhere" {
 		t.Errorf("x's view of %s: %+v, want owned by instance-y, elsewhere", target, s)
 	}
 	if v.Instance != xName || len(v.Sources) != 3 {
@@ -161,7 +161,7 @@ sources:
 	}
 	testenv.WaitFor(t, 30*time.Second, "x owning the paused source", func() bool {
 		s := sourceIn(apiView(t, x.addr), target)
-		return s.Here && s.State == "paused"
+		return s.Assigned && s.State == "paused"
 	})
 	time.Sleep(3 * time.Second)
 	if slotActive() || x.streamed(target, mark) {

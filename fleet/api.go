@@ -38,9 +38,10 @@ type View struct {
 type SourceView struct {
 	Name string `json:"name"`
 	// Owner is the instance the source is assigned to ("" when none is, or without coordination: this
-	// one); Here says whether it is this instance.
-	Owner string `json:"owner"`
-	Here  bool   `json:"here"`
+	// one); Assigned says whether it is this instance (its JSON name, "here", is kept for the scripts
+	// scripts that read it).
+	Owner    string `json:"owner"`
+	Assigned bool   `json:"here"`
 	// State is streaming, standby (another instance holds the slot), starting (connecting, retrying),
 	// failed (held after a permanent error), paused, or elsewhere (streamed by Owner).
 	State string `json:"state"`
@@ -101,7 +102,7 @@ func (f *Fleet) Snapshot(ctx context.Context) View {
 		assigned, pause := r.assigned, r.pause
 		r.mu.Unlock()
 		sv := SourceView{
-			Name: cfg.Name, Owner: owners[cfg.Name], Here: assigned, Paused: pause.Paused,
+			Name: cfg.Name, Owner: owners[cfg.Name], Assigned: assigned, Paused: pause.Paused,
 			Database: f.scrub(cfg.PostgresTarget()), Table: cfg.Postgres.Table, Slot: cfg.Postgres.Slot, Delivery: cfg.Kafka.Delivery,
 		}
 		for _, t := range cfg.Tables {

@@ -51,7 +51,7 @@ type Scrub func(string) string
 type Fleet struct {
 	log     *slog.Logger
 	watcher Watcher
-	sources []*running
+	sources []*managedSource
 	coord   *Coordinator
 	ctx     context.Context // Run's, which the pipelines run under
 	// scrubber hides secrets in what the API shows; name is this instance's name without coordination.
@@ -66,8 +66,9 @@ type sourceFailed struct{ err error }
 
 func (s *sourceFailed) Error() string { return s.err.Error() }
 
-// running is one source's state in the fleet.
-type running struct {
+// managedSource is one configured source's state in the fleet, whether its pipeline runs or not
+// (paused, held back, assigned elsewhere).
+type managedSource struct {
 	src   Source
 	log   *slog.Logger
 	scrub Scrub
@@ -103,7 +104,7 @@ func New(log *slog.Logger, w Watcher, scrub Scrub, coord *Coordinator, sources [
 	f := &Fleet{log: log, watcher: w, coord: coord, scrubber: scrub, name: host}
 	var errs []error
 	for _, s := range sources {
-		r := &running{src: s, log: log.With("source", s.Config.Name), scrub: scrub}
+		r := &managedSource{src: s, log: log.With("source", s.Config.Name), scrub: scrub}
 		if _, err := pipeline.New(s.Config, r.log, s.Options...); err != nil {
 			errs = append(errs, fmt.Errorf("source %s: %w", s.Config.Name, err))
 			continue
@@ -191,7 +192,7 @@ func (f *Fleet) Paused(name string, p Pause) {
 }
 
 // source returns the source named name, or nil.
-func (f *Fleet) source(name string) *running {
+func (f *Fleet) source(name string) *managedSource {
 	for _, r := range f.sources {
 		if r.src.Config.Name == name {
 			return r
@@ -202,7 +203,7 @@ func (f *Fleet) source(name string) *running {
 
 // reconcile starts or stops the source to match what it should be: running while assigned here and
 // not paused; watched (on the metrics and health endpoints) while assigned here.
-func (f *Fleet) reconcile(r *running) {
+func (f *Fleet) reconcile(r *managedSource) {
 	r.change.Lock()
 	defer r.change.Unlock()
 	r.mu.Lock()
@@ -229,7 +230,7 @@ func (f *Fleet) reconcile(r *running) {
 }
 
 // start runs the source's pipeline in the background (no-op when it runs).
-func (f *Fleet) start(ctx context.Context, r *running) {
+func (f *Fleet) start(ctx context.Context, r *managedSource) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cancel != nil {
@@ -253,7 +254,7 @@ func (f *Fleet) start(ctx context.Context, r *running) {
 }
 
 // stop stops the source's pipeline gracefully and waits for it (no-op when it does not run).
-func (f *Fleet) stop(r *running) {
+func (f *Fleet) stop(r *managedSource) {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
 	r.cancel = nil
@@ -292,7 +293,7 @@ type watcher struct {
 }
 
 // watch starts watching the paused source's slot (no-op while it is watched).
-func (r *running) watch(ctx context.Context) {
+func (r *managedSource) watch(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.watching != nil {
@@ -312,7 +313,7 @@ func (r *running) watch(ctx context.Context) {
 }
 
 // unwatch stops watching the source's slot (no-op when it is not watched).
-func (r *running) unwatch() {
+func (r *managedSource) unwatch() {
 	r.mu.Lock()
 	w := r.watching
 	r.watching = nil
@@ -324,7 +325,7 @@ func (r *running) unwatch() {
 }
 
 // run runs one source's pipeline until ctx ends, starting a new one after a permanent failure.
-func (r *running) run(ctx context.Context) {
+func (r *managedSource) run(ctx context.Context) {
 	for {
 		r.mu.Lock()
 		p := r.p
@@ -384,7 +385,7 @@ func (r *running) run(ctx context.Context) {
 
 // health is the source's current pipeline's health; while it is held after a permanent failure,
 // it is not ready and says why and until when.
-func (r *running) health() pipeline.Health {
+func (r *managedSource) health() pipeline.Health {
 	r.mu.Lock()
 	p, failed, retryAt, pause, running, w := r.p, r.failed, r.retryAt, r.pause, r.cancel != nil, r.watching
 	r.mu.Unlock()

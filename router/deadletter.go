@@ -29,7 +29,7 @@ const (
 func (r *Router) produceDLQ(orig *kgo.Record, p *Prepared, reason, class string, ack func()) {
 	typ, src := p.typ, p.src
 	if r.opts.DLQTopic == "" {
-		r.release(p.held())
+		r.release(p.reserved())
 		r.fail(&UndeliverableError{EventID: eventID(orig), Reason: reason, CommitLSN: src.CommitLSN})
 		return
 	}
@@ -55,7 +55,7 @@ func (r *Router) produceDLQ(orig *kgo.Record, p *Prepared, reason, class string,
 	r.log.Warn("dead-lettering event", "event_id", truncate(eventID(orig), maxLoggedID), "reason", truncate(reason, maxReasonBytes), "dlq_topic", r.opts.DLQTopic, "source_lsn", src.Position())
 	client, _ := r.producer()
 	client.Produce(context.Background(), dlq, func(_ *kgo.Record, err error) {
-		r.release(p.held())
+		r.release(p.reserved())
 		if err != nil {
 			r.fail(fmt.Errorf("write event %s to dead-letter topic %s: %w", eventID(orig), r.opts.DLQTopic, err))
 			return

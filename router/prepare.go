@@ -33,7 +33,7 @@ type Prepared struct {
 	space recordWithHeaders
 	// block is the memory the row shares with the rows read before and after it (nil: its own): the
 	// record keeps it alive until acknowledged, so the first record of a block in flight charges it
-	// to the byte cap and the last one gives it back (held).
+	// to the byte cap and the last one gives it back (reserved).
 	block *pin.Block
 }
 

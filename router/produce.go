@@ -25,7 +25,7 @@ func (r *Router) Produce(p *Prepared, ack func()) {
 		r.txnMu.Lock()
 		defer r.txnMu.Unlock()
 		if r.committing != nil {
-			r.queued = append(r.queued, held{p: p, ack: ack})
+			r.queued = append(r.queued, waitingRecord{p: p, ack: ack})
 			return
 		}
 	}
@@ -37,12 +37,12 @@ func (r *Router) produceNow(p *Prepared, ack func()) {
 	if err := r.Err(); err != nil {
 		// Failed since Prepare: nothing more goes to Kafka before the replay (never acknowledged,
 		// so the slot never moves past it).
-		r.release(p.held())
+		r.release(p.reserved())
 		endSpan(p.span, p.rec, err)
 		return
 	}
 	if err := r.begin(); err != nil {
-		r.release(p.held())
+		r.release(p.reserved())
 		r.fail(err)
 		return
 	}
@@ -61,7 +61,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		p.prep, p.row = nil, nil
 		if prep.err != nil {
 			// Never acknowledged: the session replays it.
-			r.release(p.held())
+			r.release(p.reserved())
 			endSpan(p.span, p.rec, prep.err)
 			r.fail(prep.err)
 			return
@@ -70,7 +70,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			endSpan(p.span, p.rec, problem)
 			p.span = nil
 			if r.opts.DLQTopic == "" {
-				r.release(p.held())
+				r.release(p.reserved())
 				r.fail(&UndeliverableError{EventID: eventID(p.rec), Reason: problem.Error(), CommitLSN: p.src.CommitLSN})
 				return
 			}
@@ -94,7 +94,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			r.opts.Counters.Produced.Add(1)
 			r.opts.Counters.ProducedBytes.Add(int64(n))
 			now := time.Now() // one clock read per acknowledgement, for the window and the observer
-			r.limiter.ReleaseAcked(p.held(), now, now.Sub(start))
+			r.limiter.ReleaseAcked(p.reserved(), now, now.Sub(start))
 			r.trackInFlight()
 			r.checkPartitions(rec)
 			if r.opts.Observer != nil {
@@ -116,7 +116,7 @@ func (r *Router) produce(p *Prepared, ack func()) {
 		case recordRejected(err) && p.alone:
 			r.produceDLQ(rec, p, fmt.Sprintf("kafka rejected the record, produced alone: %v", err), "rejected", ack)
 		case recordRejected(err):
-			r.release(p.held())
+			r.release(p.reserved())
 			for {
 				upTo := r.rejectedUpTo.Load()
 				if p.src.CommitLSN <= upTo || r.rejectedUpTo.CompareAndSwap(upTo, p.src.CommitLSN) {
@@ -125,10 +125,10 @@ func (r *Router) produce(p *Prepared, ack func()) {
 			}
 			r.fail(&RejectedBatchError{Topic: rec.Topic, Err: err, UpTo: r.rejectedUpTo.Load()})
 		case r.transactional() && fenced(err):
-			r.release(p.held())
+			r.release(p.reserved())
 			r.fail(r.wrapTxnErr(fmt.Sprintf("produce event %s to %s", eventID(rec), rec.Topic), lane, err))
 		default:
-			r.release(p.held())
+			r.release(p.reserved())
 			r.fail(fmt.Errorf("produce event %s to %s: %w", eventID(rec), rec.Topic, err))
 		}
 	})

@@ -175,16 +175,16 @@ type Router struct {
 	// createDenied says once that the principal may not create topics; limitReached that
 	// kafka.max_new_topics_per_hour was reached.
 	createDenied, limitReached sync.Once
-	// prepMu guards preps, waiting and keyHeld (Options.DeferNewTopics).
+	// prepMu guards preps, waiting and keyWaiting (Options.DeferNewTopics).
 	prepMu sync.Mutex
 	preps  map[string]*topicPrep // topics being prepared
 	// waiting are the records that wait for their topic, or behind a waiting record of their key,
-	// in the order they were produced; keyHeld counts them per key, with those being released.
-	waiting []held
-	keyHeld map[string]int
-	// held counts the records in waiting or being released; releaseMu lets one release run at a time.
-	held      atomic.Int64
-	releaseMu sync.Mutex
+	// in the order they were produced; keyWaiting counts them per key, with those being released.
+	waiting    []waitingRecord
+	keyWaiting map[string]int
+	// waitingCount counts the records in waiting or being released; releaseMu lets one release run at a time.
+	waitingCount atomic.Int64
+	releaseMu    sync.Mutex
 	// lastAlone is true when the previous record was produced alone: the next one waits until it
 	// is acknowledged, since two clients do not keep order between them. Prepare's goroutine only.
 	lastAlone bool
@@ -208,7 +208,7 @@ type Router struct {
 	txnMu      sync.Mutex
 	committing chan struct{}
 	ending     chan struct{}
-	queued     []held
+	queued     []waitingRecord
 
 	closeCtx context.Context // ends when the router closes
 	closeFn  context.CancelFunc
@@ -296,19 +296,19 @@ func New(opts Options) (*Router, error) {
 	}
 	closeCtx, closeFn := context.WithCancel(context.Background())
 	r := &Router{
-		opts:     opts,
-		client:   client,
-		lanes:    lanes,
-		alone:    alone,
-		admin:    kadm.NewClient(client),
-		log:      opts.Logger,
-		limiter:  newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes, opts.Budget),
-		topics:   topics,
-		preps:    make(map[string]*topicPrep),
-		keyHeld:  make(map[string]int),
-		closeCtx: closeCtx,
-		closeFn:  closeFn,
-		failed:   make(chan struct{}),
+		opts:       opts,
+		client:     client,
+		lanes:      lanes,
+		alone:      alone,
+		admin:      kadm.NewClient(client),
+		log:        opts.Logger,
+		limiter:    newLimiter(opts.Limits.MinInFlightRecords, opts.Limits.MaxInFlightRecords, opts.Limits.MaxInFlightBytes, opts.Budget),
+		topics:     topics,
+		preps:      make(map[string]*topicPrep),
+		keyWaiting: make(map[string]int),
+		closeCtx:   closeCtx,
+		closeFn:    closeFn,
+		failed:     make(chan struct{}),
 	}
 	go r.watchPartitions(closeCtx)
 	return r, nil
@@ -397,7 +397,7 @@ func (r *Router) Kick() {
 
 // Flush waits until every buffered record is acknowledged (or failed) or ctx ends.
 func (r *Router) Flush(ctx context.Context) error {
-	if err := r.waitHeld(ctx); err != nil {
+	if err := r.drainWaiting(ctx); err != nil {
 		return err
 	}
 	if r.alone != nil {

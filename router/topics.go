@@ -39,9 +39,9 @@ type topicInfo struct {
 	restamped *atomic.Bool
 }
 
-// held returns the room p holds under the byte cap, to be released once, when p is acknowledged or
+// reserved returns the room p holds under the byte cap, to be released once, when p is acknowledged or
 // given up: the record's bytes, and its block's when p is the block's last record in flight.
-func (p *Prepared) held() int64 { return p.size + p.block.Release() }
+func (p *Prepared) reserved() int64 { return p.size + p.block.Release() }
 
 // topicProblem says why rec, of size bytes, can never go to its topic, or nil.
 func topicProblem(rec *kgo.Record, size int, info topicInfo) (problem error, class string) {
@@ -74,8 +74,10 @@ type topicPrep struct {
 	open  bool // under Router.prepMu: the preparation has not ended
 }
 
-// held is a record waiting for its topic, or behind a waiting record of its key.
-type held struct {
+// waitingRecord is a record, with its acknowledgement, produced later: waiting for its topic or
+// behind a waiting record of its key (Router.waiting), or for the next Kafka transaction
+// (Router.queued).
+type waitingRecord struct {
 	p   *Prepared
 	ack func()
 }
@@ -121,37 +123,37 @@ func (r *Router) runPrep(p *topicPrep) {
 	}
 	r.prepMu.Unlock()
 	close(p.done)
-	r.releaseHeld()
+	r.releaseWaiting()
 }
 
 // hold queues p, and reports true, if it must wait: its topic is still being prepared, or an earlier
 // record of its key waits (per aggregate, records go to Kafka in commit order across topics too).
 // Produce's goroutine only.
 func (r *Router) hold(p *Prepared, ack func()) bool {
-	if p.prep == nil && r.held.Load() == 0 {
+	if p.prep == nil && r.waitingCount.Load() == 0 {
 		return false // nothing waits; only this goroutine adds to the queue
 	}
 	r.prepMu.Lock()
 	defer r.prepMu.Unlock()
 	key := string(p.rec.Key)
-	if (p.prep == nil || !p.prep.open) && r.keyHeld[key] == 0 {
+	if (p.prep == nil || !p.prep.open) && r.keyWaiting[key] == 0 {
 		return false
 	}
-	r.waiting = append(r.waiting, held{p: p, ack: ack})
-	r.keyHeld[key]++
-	r.held.Add(1)
+	r.waiting = append(r.waiting, waitingRecord{p: p, ack: ack})
+	r.keyWaiting[key]++
+	r.waitingCount.Add(1)
 	return true
 }
 
-// releaseHeld produces, in order, the waiting records whose topic is ready and before which no
+// releaseWaiting produces, in order, the waiting records whose topic is ready and before which no
 // record of their key waits, until none is left that may go. One release runs at a time, so a
 // key's records leave in the order they came.
-func (r *Router) releaseHeld() {
+func (r *Router) releaseWaiting() {
 	r.releaseMu.Lock()
 	defer r.releaseMu.Unlock()
 	for {
 		r.prepMu.Lock()
-		var out []held
+		var out []waitingRecord
 		blocked := map[string]bool{}
 		rest := r.waiting[:0]
 		for _, h := range r.waiting {
@@ -172,7 +174,7 @@ func (r *Router) releaseHeld() {
 		for _, h := range out {
 			if err := r.Err(); err != nil {
 				// Never acknowledged: the session replays it.
-				r.release(h.p.held())
+				r.release(h.p.reserved())
 				endSpan(h.p.span, h.p.rec, err)
 				continue
 			}
@@ -183,19 +185,19 @@ func (r *Router) releaseHeld() {
 		r.prepMu.Lock()
 		for _, h := range out {
 			key := string(h.p.rec.Key)
-			if r.keyHeld[key]--; r.keyHeld[key] == 0 {
-				delete(r.keyHeld, key)
+			if r.keyWaiting[key]--; r.keyWaiting[key] == 0 {
+				delete(r.keyWaiting, key)
 			}
 		}
 		r.prepMu.Unlock()
-		r.held.Add(-int64(len(out)))
+		r.waitingCount.Add(-int64(len(out)))
 	}
 }
 
-// waitHeld waits until every waiting record was handed to Kafka (or dropped by a failure), or ctx
+// drainWaiting waits until every waiting record was handed to Kafka (or dropped by a failure), or ctx
 // ends.
-func (r *Router) waitHeld(ctx context.Context) error {
-	for r.held.Load() > 0 {
+func (r *Router) drainWaiting(ctx context.Context) error {
+	for r.waitingCount.Load() > 0 {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("wait for new topics: %w", ctx.Err())

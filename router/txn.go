@@ -301,7 +301,7 @@ func (r *Router) switchLane(lane int, err error) {
 		r.lane.Store(int32((lane + 1) % len(r.lanes)))
 	}
 	for i, h := range r.queued {
-		r.queued[i] = held{}
+		r.queued[i] = waitingRecord{}
 		r.produceNow(h.p, h.ack) // after a failure, releases the record without sending it
 	}
 	r.queued = r.queued[:0]
@@ -315,7 +315,7 @@ func (r *Router) flushTxn(ctx context.Context, client *kgo.Client, cpErr *error,
 	start := time.Now()
 	defer func() { c.Flush = time.Since(start) }()
 	// Records held for new topics go first, into this transaction.
-	if err := r.waitHeld(ctx); err != nil {
+	if err := r.drainWaiting(ctx); err != nil {
 		return err
 	}
 	if err := client.Flush(ctx); err != nil {
