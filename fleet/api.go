@@ -38,7 +38,7 @@ type View struct {
 type SourceView struct {
 	Name string `json:"name"`
 	// Owner is the instance the source is assigned to ("" when none is, or without coordination: this
-	// one); Assigned says whether it is this instance (its JSON name, "here", is kept for the scripts
+	// one); Assigned says whether it is this instance (its JSON name, "here", is kept for the
 	// scripts that read it).
 	Owner    string `json:"owner"`
 	Assigned bool   `json:"here"`
