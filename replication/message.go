@@ -14,6 +14,7 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -37,6 +38,7 @@ const ProblemBadMessage = "bad_message"
 func (s *Stream) handleMessage(ctx context.Context, h Handler, m *pglogrepl.LogicalDecodingMessage, xld pglogrepl.XLogData) error {
 	if !slices.Contains(s.opts.MessagePrefixes, m.Prefix) {
 		s.counters.IgnoredMessages.Add(1)
+		s.reportPassedOver(m)
 		return nil
 	}
 	at := LSN(m.LSN)
@@ -76,6 +78,43 @@ func (s *Stream) handleMessage(ctx context.Context, h Handler, m *pglogrepl.Logi
 	row := s.messages.row(m.Content, s.opts.Columns, s.current.CommitTime(), at)
 	s.counters.Messages.Add(1)
 	return s.deliver(ctx, h, &row)
+}
+
+// maxReportedPrefixes bounds the prefixes of messages passed over that a stream reports.
+const maxReportedPrefixes = 64
+
+// reportPassedOver logs, once per prefix and stream, that a message of a prefix not in
+// Options.MessagePrefixes was passed over: the slot moves past it, and if it was an outbox event, it
+// is lost for this source. Other tools' messages (Debezium's heartbeats, replication systems) are
+// reported the same way, once.
+func (s *Stream) reportPassedOver(m *pglogrepl.LogicalDecodingMessage) {
+	if s.passedOver[m.Prefix] || len(s.passedOver) >= maxReportedPrefixes {
+		return
+	}
+	if s.passedOver == nil {
+		s.passedOver = map[string]bool{}
+	}
+	s.passedOver[m.Prefix] = true
+	prefix := m.Prefix
+	if len(prefix) > 64 {
+		prefix = prefix[:64] + "…"
+	}
+	s.log.Warn("passed over a WAL message whose prefix is not in postgres.message_prefixes: the slot moves past it (counted in outbox_cdc_ignored_operations_total{operation=\"other_message\"}); if the application emits outbox events under this prefix, add it to postgres.message_prefixes, and emit only once every instance has it",
+		"prefix", strings.ToValidUTF8(prefix, "?"), "transactional", m.Transactional, "configured", s.opts.MessagePrefixes)
+}
+
+// serverMajor is the server's major version, from the server_version it reported at connection
+// (0 when unknown).
+func serverMajor(conn *pgconn.PgConn) int {
+	v := conn.ParameterStatus("server_version")
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 // Column types a message's fields take, so that the record formats treat them as they treat the

@@ -81,13 +81,16 @@ type Counters struct {
 type Stream struct {
 	// messages turns outbox messages into Rows (message.go).
 	messages messageReader
-	conn     *pgconn.PgConn
-	opts     Options
-	log      *slog.Logger
-	types    *pgtype.Map
-	rels     map[uint32]*relation
-	used     map[string]bool   // the columns the router reads (Options.Columns)
-	bases    map[uint32]uint32 // BaseType's answers
+	// passedOver holds the prefixes of the messages passed over that were reported (at most
+	// maxReportedPrefixes).
+	passedOver map[string]bool
+	conn       *pgconn.PgConn
+	opts       Options
+	log        *slog.Logger
+	types      *pgtype.Map
+	rels       map[uint32]*relation
+	used       map[string]bool   // the columns the router reads (Options.Columns)
+	bases      map[uint32]uint32 // BaseType's answers
 	// gone holds the optional columns the stream reported missing (by table index and column), so
 	// that a Relation message sent again with the same columns (PostgreSQL resends it after any
 	// invalidation of the table's cache entry, an autoanalyze among them) does not repeat the warning.
@@ -197,8 +200,11 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 		return nil, fmt.Errorf("%w: publication name %q is not lower-case letters, digits and underscores", ErrNotSetUp, opts.Outbox.Publication)
 	}
 	args := []string{"proto_version '2'", "publication_names '" + opts.Outbox.Publication + "'"}
-	if len(opts.MessagePrefixes) > 0 {
-		// The prefixes are never sent: the server sends every message and the stream picks.
+	if len(opts.MessagePrefixes) > 0 || serverMajor(conn) >= 14 {
+		// The prefixes are never sent: the server sends every message and the stream picks. Asked
+		// for even without prefixes (PostgreSQL 14+), so that a message passed over is counted and
+		// reported, never dropped in silence: an application emitting outbox events before the
+		// router is configured for their prefix is told of.
 		args = append(args, "messages 'true'")
 	}
 	// Start from the slot's confirmed position (0 means "where the slot is").
