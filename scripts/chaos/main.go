@@ -18,9 +18,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -34,12 +32,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/faultnet"
-	"github.com/outbox-cdc/outbox-cdc/internal/freeport"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
-
-// fault kinds, in the order the summary prints them.
-var kinds = []string{"kill", "term", "kafka", "pg_fast", "pg_immediate", "cut", "blackhole"}
 
 type options struct {
 	duration    time.Duration
@@ -130,14 +124,6 @@ func env() (map[string]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// faultAt is one injected fault: its kind, when it began and when it ended (the router restarted,
-// the service back); end is zero while it runs.
-type faultAt struct {
-	kind string
-	at   time.Time
-	end  time.Time
 }
 
 // suite is one chaos run's state.
@@ -305,64 +291,6 @@ func run(ctx context.Context, o options) (bool, error) {
 	return ok, nil
 }
 
-// duplicatesByFault says how many duplicate records each kind of fault caused, and how many per
-// fault of that kind. A duplicate is put down to the first fault that had not ended when its event
-// was committed: the fault under way then (a broker that writes what it is sent while it stops, and
-// whose acknowledgements are lost with it), or else the next one (the event was sent before it, and
-// the replay after it sent it again). An event sent twice with no fault ending after its commit
-// counts as "none" (a needless duplicate).
-func (s *suite) duplicatesByFault(got []*kgo.Record) string {
-	return duplicatesByFault(got, s.committed, s.commitAt, s.faultLog, s.kinds)
-}
-
-// duplicatesByFault is suite.duplicatesByFault over the run's committed events (per writer), their
-// commit times, the faults in order and the kinds the run injects.
-func duplicatesByFault(got []*kgo.Record, committed [][]testenv.Event, commitAt [][]time.Time, faultLog []faultAt, kinds []string) string {
-	copies := map[string]int{}
-	for _, r := range got {
-		copies[testenv.EventID(r)]++
-	}
-	byKind := map[string]int{}
-	for w, evs := range committed {
-		for i, e := range evs {
-			n := copies[e.ID]
-			if n < 2 {
-				continue
-			}
-			at := commitAt[w][i]
-			// Faults run one after the other, so their ends are in order too; a fault still running
-			// (no end) is the last one.
-			j, _ := slices.BinarySearchFunc(faultLog, at, func(f faultAt, t time.Time) int {
-				if f.end.IsZero() {
-					return 1
-				}
-				return f.end.Compare(t)
-			})
-			kind := "none"
-			if j < len(faultLog) {
-				kind = faultLog[j].kind
-			}
-			byKind[kind] += n - 1
-		}
-	}
-	injected := map[string]int{}
-	for _, f := range faultLog {
-		injected[f.kind]++
-	}
-	var parts []string
-	for _, k := range append(slices.Clone(kinds), "none") {
-		if k == "none" && byKind[k] == 0 {
-			continue
-		}
-		part := fmt.Sprintf("%s:%d", k, byKind[k])
-		if n := injected[k]; n > 0 {
-			part += fmt.Sprintf(" (%.0f per fault)", float64(byKind[k])/float64(n))
-		}
-		parts = append(parts, part)
-	}
-	return "duplicates by fault: " + strings.Join(parts, ", ")
-}
-
 // done reports whether the run has lasted long enough, written enough and injected every fault the
 // minimums ask for.
 func (s *suite) done(start time.Time) bool {
@@ -381,74 +309,6 @@ func (s *suite) done(start time.Time) bool {
 		}
 	}
 	return true
-}
-
-// faultBag is a shuffled round of faults: every kind once, plus what the minimums still need in
-// proportion (kills dominate a long run).
-func (s *suite) faultBag() []string {
-	bag := slices.Clone(s.kinds)
-	for k, min := range s.o.minimum {
-		for i := s.faults[k] + 1; i < min && len(bag) < 40; i += len(s.kinds) {
-			bag = append(bag, k)
-		}
-	}
-	rand.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
-	return bag
-}
-
-// inject runs one fault, then waits until the router has confirmed everything committed before the
-// fault ended.
-func (s *suite) inject(ctx context.Context, kind string) error {
-	s.faultLog = append(s.faultLog, faultAt{kind: kind, at: time.Now()})
-	var err error
-	switch kind {
-	case "kill", "term":
-		sig := syscall.SIGKILL
-		if kind == "term" {
-			sig = syscall.SIGTERM
-		}
-		if code := s.router.stop(sig); kind == "term" && code != 0 {
-			s.unrecovered = append(s.unrecovered, fmt.Sprintf("SIGTERM exit code %d, want 0", code))
-		}
-		time.Sleep(time.Duration(rand.IntN(1500)) * time.Millisecond)
-		s.router, err = s.startRouter()
-	case "kafka":
-		if err = services("kafka-stop"); err == nil {
-			time.Sleep(time.Duration(3+rand.IntN(8)) * time.Second)
-			err = services("kafka-start")
-		}
-	case "pg_fast":
-		err = services("pg-restart", "fast")
-	case "pg_immediate":
-		err = services("pg-restart", "immediate")
-	case "cut":
-		s.proxy.Cut()
-	case "blackhole":
-		s.proxy.BlackHole()
-	case "failover":
-		err = s.failover(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	s.faults[kind]++
-	end := time.Now()
-	s.faultLog[len(s.faultLog)-1].end = end
-	target := s.currentLSN(ctx)
-	if err := s.waitCaughtUp(ctx, target, s.o.recoverWait); err != nil {
-		s.unrecovered = append(s.unrecovered, fmt.Sprintf("%s at %s: %v", kind, end.Format(time.TimeOnly), err))
-		return nil
-	}
-	s.recoveries = append(s.recoveries, time.Since(end))
-	return nil
-}
-
-func services(args ...string) error {
-	out, err := exec.Command("bash", append([]string{"scripts/services.sh"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("scripts/services.sh %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
 }
 
 // admin runs fn on a fresh superuser connection, retrying while PostgreSQL restarts.
@@ -543,106 +403,6 @@ func (s *suite) cleanup() {
 	})
 }
 
-// write commits transactions of one to five events at the writer's share of the rate, deleting the
-// rows in the same transaction half of the time, until ctx ends. Only what was seen committed (or
-// found committed after an unknown outcome) is recorded.
-func (s *suite) write(ctx context.Context, w int) {
-	gen := testenv.NewGenerator(20, "OrderPlaced", "OrderPaid").WithPrefix(fmt.Sprintf("w%d-", w))
-	var db *pgx.Conn
-	defer func() {
-		if db != nil {
-			_ = db.Close(context.Background())
-		}
-	}()
-	pause := time.Duration(float64(time.Second) * 3 / (float64(s.o.rate) / 2))
-	for i := 0; ctx.Err() == nil; i++ {
-		if db == nil || db.IsClosed() {
-			c, err := pgx.Connect(ctx, s.pgURL)
-			if err != nil {
-				time.Sleep(200 * time.Millisecond)
-				continue
-			}
-			db = c
-		}
-		evs := make([]testenv.Event, 1+rand.IntN(5))
-		for j := range evs {
-			evs[j] = gen.Event(rand.IntN(20))
-		}
-		txid := testenv.NewUUID()
-		committed, known := s.commit(ctx, db, evs, txid, rand.IntN(2) == 0, s.o.messages && w == 1)
-		if !known {
-			_ = db.Close(context.Background())
-			db = nil
-			committed = s.lookup(txid)
-		}
-		if committed {
-			now := time.Now()
-			s.mu.Lock()
-			s.committed[w] = append(s.committed[w], evs...)
-			for range evs {
-				s.txids[w] = append(s.txids[w], txid)
-				s.commitAt[w] = append(s.commitAt[w], now)
-			}
-			s.mu.Unlock()
-		}
-		time.Sleep(pause)
-	}
-}
-
-// newLedger empties the record of what the two writers committed (events, transaction ids, commit times).
-func (s *suite) newLedger() {
-	s.committed, s.txids, s.commitAt = make([][]testenv.Event, 2), make([][]string, 2), make([][]time.Time, 2)
-}
-
-// commit writes evs in one transaction, as rows (deleted again with deleteAfter) or as WAL messages
-// (asMessages). known is false when the connection failed at the commit, so that the outcome must be
-// looked up.
-func (s *suite) commit(ctx context.Context, db *pgx.Conn, evs []testenv.Event, txid string, deleteAfter, asMessages bool) (committed, known bool) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return false, !db.IsClosed()
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if asMessages {
-		if err := testenv.EmitIn(ctx, tx, messagePrefix, evs); err != nil {
-			return false, !db.IsClosed()
-		}
-		evs = nil
-	}
-	for _, e := range evs {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+s.table+` (event_id, event_type, aggregate_type, aggregate_id, aggregate_version, payload, headers)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.ID, e.Type, e.AggType, e.AggID, e.Version, e.Payload, e.Headers); err != nil {
-			return false, !db.IsClosed()
-		}
-		if deleteAfter {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+s.table+` WHERE event_id = $1`, e.ID); err != nil {
-				return false, !db.IsClosed()
-			}
-		}
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+s.table+"_txlog (id) VALUES ($1)", txid); err != nil {
-		return false, !db.IsClosed()
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, false
-	}
-	return true, true
-}
-
-// lookup says whether the transaction txid committed, once the database answers again.
-// It does not use the writers' context, which ends when they stop, possibly with a commit unresolved.
-func (s *suite) lookup(txid string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var found bool
-	if err := s.admin(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+s.table+"_txlog WHERE id = $1)", txid).Scan(&found)
-	}); err != nil {
-		fmt.Fprintln(os.Stderr, "chaos: cannot resolve a commit's outcome:", err)
-	}
-	return found
-}
-
 // consume reads every record of the suite's topics until each committed event was seen (and a few
 // seconds more, for trailing duplicates) or three minutes passed.
 func (s *suite) consume(want []testenv.Event) []*kgo.Record {
@@ -678,70 +438,4 @@ func (s *suite) consume(want []testenv.Event) []*kgo.Record {
 		}
 	}
 	return out
-}
-
-// messagePrefix is the prefix of the WAL messages the second writer emits (-messages).
-const messagePrefix = "chaos-outbox"
-
-// routerProc is a running outbox-cdc process.
-type routerProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (s *suite) startRouter() (*routerProc, error) {
-	proxied := s.pgURL
-	if s.proxy != nil {
-		var err error
-		if proxied, err = s.proxy.URL(s.pgURL); err != nil {
-			return nil, err
-		}
-	}
-	port, err := freeport.Loopback()
-	if err != nil {
-		return nil, err
-	}
-	metrics := fmt.Sprintf("127.0.0.1:%d", port)
-	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(s.o.binary, "run")
-	cmd.Env = append(os.Environ(),
-		"OUTBOX_CDC_POSTGRES="+proxied, "OUTBOX_CDC_BROKERS="+strings.Join(s.brokers, ","),
-		"OUTBOX_CDC_TABLE="+s.table, "OUTBOX_CDC_SLOT="+s.slot, "OUTBOX_CDC_PUBLICATION="+s.pub,
-		"OUTBOX_CDC_TOPIC="+s.pfx+".{event_type}", "OUTBOX_CDC_STATUS_INTERVAL=2s", "OUTBOX_CDC_RECEIVE_TIMEOUT=5s",
-		"OUTBOX_CDC_STANDBY_POLL_INTERVAL=500ms", "OUTBOX_CDC_SHUTDOWN_TIMEOUT=10s", "OUTBOX_CDC_LOG_FORMAT=json",
-		"OUTBOX_CDC_METRICS_ADDR="+metrics, "OUTBOX_CDC_DELIVERY="+s.o.delivery, "OUTBOX_CDC_CHECKPOINT_TOPIC="+s.pfx+".checkpoints",
-		// The delivery checker reads the record timestamp as the order of production.
-		"OUTBOX_CDC_RECORD_TIMESTAMP=produce", "OUTBOX_CDC_MESSAGE_PREFIXES="+messagePrefix)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", s.o.binary, err)
-	}
-	r := &routerProc{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(r.done)
-	}()
-	return r, nil
-}
-
-// stop signals the process and waits for it; it returns the exit code.
-func (r *routerProc) stop(sig syscall.Signal) int {
-	select {
-	case <-r.done:
-		return r.cmd.ProcessState.ExitCode()
-	default:
-	}
-	_ = r.cmd.Process.Signal(sig)
-	select {
-	case <-r.done:
-	case <-time.After(60 * time.Second):
-		_ = r.cmd.Process.Kill()
-		<-r.done
-	}
-	return r.cmd.ProcessState.ExitCode()
 }
