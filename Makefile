@@ -6,7 +6,7 @@ BIN := bin/outbox-cdc
 DEV := $(if $(OUTBOX_CDC_DEV_DIR),$(OUTBOX_CDC_DEV_DIR),.dev)
 DEVBIN := $(abspath $(DEV))/bin
 
-.PHONY: docs build up down status run test test-versions test-unit vet bench bench-inbox bench-scale bench-compare chaos chaos-long clean helm chart release promtool rules debezium-libs test-debezium
+.PHONY: docs build up down status run test test-versions test-unit vet bench bench-inbox bench-scale bench-compare chaos chaos-long clean helm chart release test-release promtool rules debezium-libs test-debezium
 
 build: ## build bin/outbox-cdc (version and commit from git: outbox-cdc version)
 	$(GO) build -buildvcs=auto -o $(BIN) .
@@ -80,6 +80,9 @@ promtool: ## install promtool into .dev/bin (go install from the Go module proxy
 
 test-debezium: up debezium-libs ## only the Debezium side-by-side and switch-over tests (part of make test)
 	$(GO) test -race -count=1 -v -run 'TestDebezium|TestSwitchOverFromDebezium' ./pipeline/
+
+test-release: ## the release build's reproducibility: scripts/release.sh twice, the second time with an empty build cache (about 3 minutes; not part of make test)
+	$(GO) test -count=1 -tags release -run TestReleaseIsReproducible -v ./scripts/
 
 debezium-libs: ## fetch Kafka Connect and Debezium from Maven Central into .dev/debezium-libs (once), for the side-by-side tests and make bench-compare
 	scripts/services.sh debezium-libs

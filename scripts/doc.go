@@ -1,0 +1,3 @@
+// Package scripts holds the project's scripts (services, release) and, behind the build tag release,
+// the release build's reproducibility test (make test-release).
+package scripts
