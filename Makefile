@@ -104,7 +104,7 @@ test-unit: ## unit tests only (no services)
 
 vet:
 	$(GO) vet ./...
-	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) vet ./...); done
+	@set -e; for m in $(INTEROP); do (cd $$m && $(GO) mod tidy -diff && $(GO) vet ./...) || { echo "$$m: run go mod tidy there (a dependency of the main module changed)"; exit 1; }; done
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
 bench: build up ## drain a backlog, the latency curve against the floor, throughput by payload and transaction size: print the tables
